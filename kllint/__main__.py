@@ -1,0 +1,3 @@
+from kllint.cli import main
+
+main()

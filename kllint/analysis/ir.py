@@ -1,0 +1,249 @@
+"""The KL expression IR: what every stage of kllint (classification, the torch
+harness, fixes) works on instead of source spellings.
+
+A KL term is a small tree over a few *atoms* (the policy's log-prob, the
+reference's, the behaviour policy's, masks, coefficients) and a closed set of
+operations. ``torch.exp(ref - logp) - (ref - logp) - 1`` and
+``ratio - ratio.log() - 1`` with ``ratio = (ref - logp).exp()`` lower to trees
+with the same gradient, and that gradient is what the rules judge.
+
+Shapes follow the training code: token-level atoms are ``[B, T]``; a
+``Reduce`` over ``time`` gives ``[B]`` (one value per sequence), over ``all``
+a scalar. The harness evaluates the tree on tensors of an enumerated tabular
+policy; ``kllint.analysis.gradient`` evaluates it on dual numbers.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+
+class Role(enum.Enum):
+    """What an atom is in the KL computation."""
+
+    POLICY_LOGP = "policy_logp"
+    """log pi_theta(y_t | y_<t): differentiable, sampled from (on-policy)."""
+    REFERENCE_LOGP = "reference_logp"
+    """log pi_ref(y_t | y_<t): frozen."""
+    OLD_LOGP = "old_logp"
+    """log-prob under the behaviour policy that sampled the rollout: detached,
+    equal in value to ``policy_logp`` on fresh samples."""
+    MASK = "mask"
+    """1 on response tokens, 0 on padding."""
+    ADVANTAGE = "advantage"
+    """A per-token weight computed without gradient (advantage, return, reward)."""
+    COEFFICIENT = "coefficient"
+    """A scalar without gradient: beta, kl_coef, a config value."""
+
+
+class Level(enum.Enum):
+    TOKEN = "token"
+    SEQUENCE = "sequence"
+
+
+class Axis(enum.Enum):
+    TIME = "time"  # over the tokens of each sequence: [B, T] -> [B]
+    BATCH = "batch"  # over sequences: [B, T] -> [T], [B] -> []
+    ALL = "all"  # over everything: -> []
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where an IR node came from, for messages. ``line``/``column`` are 1-based."""
+
+    path: str
+    line: int
+    column: int
+    end_line: int
+    end_column: int
+    code: str = ""
+    helper: str | None = None  # "module.function:line" when lowered from a helper's body
+
+    def describe(self) -> str:
+        where = f"{self.path}:{self.line}"
+        return f"{where} (in {self.helper})" if self.helper else where
+
+
+@dataclass(frozen=True, eq=False)
+class Node:
+    origin: Origin | None = field(default=None, kw_only=True, compare=False, repr=False)
+
+    def children(self) -> tuple[Node, ...]:
+        return ()
+
+    def walk(self) -> Iterator[Node]:
+        yield self
+        for child in self.children():
+            yield from child.walk()
+
+    def atoms(self) -> Iterator[Atom]:
+        for node in self.walk():
+            if isinstance(node, Atom):
+                yield node
+
+    def has_role(self, role: Role) -> bool:
+        return any(atom.role is role for atom in self.atoms())
+
+
+@dataclass(frozen=True, eq=False)
+class Atom(Node):
+    role: Role
+    name: str  # the user's spelling, for messages and printed fixes
+    level: Level = Level.TOKEN
+
+
+@dataclass(frozen=True, eq=False)
+class Const(Node):
+    value: float
+
+
+UNARY_OPS = ("neg", "exp", "log", "expm1", "log1p", "square", "abs", "sqrt", "detach")
+
+
+@dataclass(frozen=True, eq=False)
+class Unary(Node):
+    op: str  # one of UNARY_OPS
+    arg: Node
+
+    def children(self) -> tuple[Node, ...]:
+        return (self.arg,)
+
+
+BINARY_OPS = ("add", "sub", "mul", "div", "pow")
+
+
+@dataclass(frozen=True, eq=False)
+class Binary(Node):
+    op: str  # one of BINARY_OPS
+    left: Node
+    right: Node
+
+    def children(self) -> tuple[Node, ...]:
+        return (self.left, self.right)
+
+
+@dataclass(frozen=True, eq=False)
+class Clamp(Node):
+    arg: Node
+    low: float | None
+    high: float | None
+
+    def children(self) -> tuple[Node, ...]:
+        return (self.arg,)
+
+
+@dataclass(frozen=True, eq=False)
+class Reduce(Node):
+    """``kind`` is ``sum`` or ``mean``. With a ``mask`` the reduction is masked:
+    ``sum(x * mask)`` or ``sum(x * mask) / sum(mask)`` over the same axis."""
+
+    kind: str
+    axis: Axis
+    arg: Node
+    mask: Node | None = None
+
+    def children(self) -> tuple[Node, ...]:
+        return (self.arg,) if self.mask is None else (self.arg, self.mask)
+
+
+@dataclass(frozen=True, eq=False)
+class CumSum(Node):
+    """Cumulative sum over time; ``reverse`` gives the reward-to-go
+    ``G_t = sum_{s >= t} x_s``."""
+
+    arg: Node
+    reverse: bool
+
+    def children(self) -> tuple[Node, ...]:
+        return (self.arg,)
+
+
+@dataclass(frozen=True, eq=False)
+class Opaque(Node):
+    """A value the IR cannot represent (an unknown call, a comprehension...).
+    It carries no gradient through the policy as far as kllint can tell, and
+    the harness refuses to confirm a term that contains one."""
+
+    reason: str
+
+
+# Constructors that fold the trivial cases, so that lowered trees stay small.
+
+
+def neg(x: Node, origin: Origin | None = None) -> Node:
+    if isinstance(x, Const):
+        return Const(-x.value, origin=origin)
+    return Unary("neg", x, origin=origin)
+
+
+def binary(op: str, left: Node, right: Node, origin: Origin | None = None) -> Node:
+    if isinstance(left, Const) and isinstance(right, Const):
+        a, b = left.value, right.value
+        try:
+            value = {
+                "add": a + b,
+                "sub": a - b,
+                "mul": a * b,
+                "div": a / b,
+                "pow": a**b,
+            }[op]
+        except (ZeroDivisionError, OverflowError, ValueError):
+            return Binary(op, left, right, origin=origin)
+        if isinstance(value, complex):
+            return Binary(op, left, right, origin=origin)
+        return Const(float(value), origin=origin)
+    return Binary(op, left, right, origin=origin)
+
+
+def detach(x: Node, origin: Origin | None = None) -> Node:
+    if isinstance(x, (Const, Opaque)) or (isinstance(x, Unary) and x.op == "detach"):
+        return x
+    return Unary("detach", x, origin=origin)
+
+
+def is_detached(x: Node) -> bool:
+    return isinstance(x, Unary) and x.op == "detach"
+
+
+def depends_on_policy(x: Node) -> bool:
+    """True if ``x`` has a gradient path to ``policy_logp`` (no detach between)."""
+    if isinstance(x, Atom):
+        return x.role is Role.POLICY_LOGP
+    if isinstance(x, Unary) and x.op == "detach":
+        return False
+    return any(depends_on_policy(c) for c in x.children())
+
+
+def render(x: Node) -> str:
+    """A compact formula for messages, in the user's names."""
+    if isinstance(x, Atom):
+        return x.name
+    if isinstance(x, Const):
+        v = x.value
+        return str(int(v)) if float(v).is_integer() else f"{v:g}"
+    if isinstance(x, Opaque):
+        return f"<{x.reason}>"
+    if isinstance(x, Unary):
+        if x.op == "neg":
+            return f"-{_paren(x.arg)}"
+        if x.op == "detach":
+            return f"sg({render(x.arg)})"
+        return f"{x.op}({render(x.arg)})"
+    if isinstance(x, Binary):
+        sym = {"add": "+", "sub": "-", "mul": "*", "div": "/", "pow": "**"}[x.op]
+        return f"{_paren(x.left)} {sym} {_paren(x.right)}"
+    if isinstance(x, Clamp):
+        return f"clamp({render(x.arg)}, {x.low}, {x.high})"
+    if isinstance(x, Reduce):
+        masked = ", mask" if x.mask is not None else ""
+        return f"{x.kind}_{x.axis.value}({render(x.arg)}{masked})"
+    if isinstance(x, CumSum):
+        return f"{'reverse_' if x.reverse else ''}cumsum({render(x.arg)})"
+    return type(x).__name__
+
+
+def _paren(x: Node) -> str:
+    text = render(x)
+    return f"({text})" if isinstance(x, Binary) else text
