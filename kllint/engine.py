@@ -1,0 +1,151 @@
+"""One lint run: find the files, check each, keep what the settings allow."""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+import traceback
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import libcst
+
+from kllint.analysis.check import check_source
+from kllint.analysis.project import Project
+from kllint.config import Settings
+from kllint.findings import FileError, Finding
+from kllint.suppression import is_suppressed, parse_suppressions
+
+# Never descended into (besides hidden directories); a path named on the
+# command line is linted even when it is one of these.
+SKIPPED_DIRS = frozenset({"__pycache__", "venv", "build", "dist", "node_modules", "site-packages"})
+
+INTERNAL_ERROR = "internal error"
+
+
+class MissingPathError(Exception):
+    """A path named on the command line does not exist."""
+
+
+@dataclass
+class LintResult:
+    findings: list[Finding]
+    errors: list[FileError]  # files that could not be checked: syntax, encoding, a crash
+    files_checked: int
+    internal_errors: int = 0  # how many of ``errors`` are kllint crashing, not bad input
+    # The text of each file with findings, by displayed path: reporters show
+    # the offending line and fingerprint it.
+    sources: dict[str, str] = field(default_factory=dict, repr=False)
+
+
+def lint_paths(paths: Sequence[str | Path], settings: Settings | None = None) -> LintResult:
+    """Lint files and directories. Raises ``MissingPathError`` before linting
+    anything when a path does not exist."""
+    settings = settings or Settings()
+    targets = [Path(p) for p in paths] or [Path(".")]
+    missing = [str(p) for p in targets if not p.exists()]
+    if missing:
+        raise MissingPathError(f"no such file or directory: {', '.join(missing)}")
+
+    roots = dict.fromkeys([settings.root, *(p if p.is_dir() else p.parent for p in targets)])
+    project = Project(list(roots))
+    result = LintResult(findings=[], errors=[], files_checked=0)
+    files: dict[str, Path] = {}
+    for path in discover(targets, settings):
+        files.setdefault(os.path.abspath(path), path)  # `kllint . a.py` lints a.py once
+    for path in files.values():
+        _lint_file(path, settings, project, result)
+    result.findings.sort(key=Finding.sort_key)
+    result.errors.sort(key=lambda e: (e.path, e.line, e.column))
+    return result
+
+
+def discover(paths: Sequence[Path], settings: Settings) -> Iterator[Path]:
+    """The files to lint, in a stable order: a named file always, a directory's
+    ``.py`` files minus hidden, build and virtualenv directories and ``exclude``."""
+    for path in paths:
+        if not path.is_dir():
+            yield path
+            continue
+        for directory, subdirs, files in os.walk(path):
+            here = Path(directory)
+            subdirs[:] = sorted(
+                d
+                for d in subdirs
+                if not d.startswith(".")
+                and d not in SKIPPED_DIRS
+                and not (here / d / "pyvenv.cfg").exists()
+                and not settings.is_excluded(here / d)
+            )
+            for name in sorted(files):
+                if name.endswith(".py") and not settings.is_excluded(here / name):
+                    yield here / name
+
+
+def display_path(path: Path) -> str:
+    """Relative to the working directory when under it, else as given."""
+    try:
+        return Path(os.path.abspath(path)).relative_to(Path.cwd()).as_posix()
+    except ValueError:
+        return path.as_posix()
+
+
+def _lint_file(path: Path, settings: Settings, project: Project, result: LintResult) -> None:
+    shown = display_path(path)
+    try:
+        data = path.read_bytes()
+        source = data.decode("utf-8-sig")
+    except OSError as err:
+        result.errors.append(FileError(shown, 1, 1, f"cannot read file: {err.strerror or err}"))
+        return
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        message = f"UnicodeDecodeError: not valid UTF-8 ({err.reason} at byte {err.start})"
+        result.errors.append(FileError(shown, line, 1, message))
+        return
+    result.files_checked += 1
+
+    try:
+        findings = check_source(source, shown, project, settings.roles)
+    except libcst.ParserSyntaxError as err:
+        result.errors.append(_syntax_error(shown, source, err))
+        return
+    except Exception as err:
+        # One file crashing the analysis must not hide the others' findings.
+        result.errors.append(FileError(shown, 1, 1, _internal_error_message(err)))
+        result.internal_errors += 1
+        return
+
+    ignored = settings.ignored_codes(path)
+    findings = [f for f in findings if f.code in settings.select and f.code not in ignored]
+    if findings:
+        suppressions = parse_suppressions(source)
+        findings = [f for f in findings if not is_suppressed(f, suppressions)]
+    if findings:
+        result.findings.extend(findings)
+        result.sources[shown] = source
+
+
+def _syntax_error(shown: str, source: str, err: libcst.ParserSyntaxError) -> FileError:
+    # CPython's parser places the error better ("'(' was never closed" at the
+    # bracket, where LibCST points at the end of the file); LibCST's is the
+    # fallback for code this Python cannot parse but LibCST can't either.
+    try:
+        compile(source, shown, "exec", ast.PyCF_ONLY_AST)
+    except SyntaxError as py_err:
+        if py_err.lineno:
+            return FileError(shown, py_err.lineno, py_err.offset or 1, f"SyntaxError: {py_err.msg}")
+    except (ValueError, RecursionError, MemoryError):
+        pass
+    message = re.sub(r"^(?:parser|tokenizer) error: (?:error at \d+:\d+: )?", "", err.message)
+    return FileError(shown, err.raw_line, err.raw_column + 1, f"SyntaxError: {message}")
+
+
+def _internal_error_message(err: Exception) -> str:
+    frames = traceback.extract_tb(err.__traceback__)
+    where = f" at {Path(frames[-1].filename).name}:{frames[-1].lineno}" if frames else ""
+    return (
+        f"{INTERNAL_ERROR}: {type(err).__name__}: {err}{where} (a bug in kllint; please report it)"
+    )
