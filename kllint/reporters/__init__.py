@@ -1,0 +1,23 @@
+"""Output formats. Text formats end with a summary line; machine formats
+(json, github, sarif) print nothing but the report."""
+
+from __future__ import annotations
+
+from kllint.engine import LintResult
+from kllint.reporters import github, json_output, sarif, text
+
+FORMATS = ("full", "concise", "json", "github", "sarif")
+
+
+def render(result: LintResult, format: str = "full", *, color: bool = False) -> str:
+    if format == "full":
+        return text.render_full(result, color=color)
+    if format == "concise":
+        return text.render_concise(result, color=color)
+    if format == "json":
+        return json_output.render(result)
+    if format == "github":
+        return github.render(result)
+    if format == "sarif":
+        return sarif.render(result)
+    raise ValueError(f"unknown output format {format!r} (known: {', '.join(FORMATS)})")

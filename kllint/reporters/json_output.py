@@ -1,0 +1,52 @@
+"""``--format json``: one array of findings and file errors, by path, line, column.
+
+Each finding is ``{code, name, path, line, column, end_line, end_column,
+severity, message, fix_title, facts}`` plus ``confirmation`` after
+``--confirm``; a file error has the same keys with code ``E999``. Lines and
+columns are 1-based; ``end_column`` is exclusive."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from kllint.engine import LintResult
+from kllint.findings import FileError, Finding
+from kllint.reporters.common import FILE_ERROR_CODE, FILE_ERROR_NAME, entries, jsonable
+
+
+def render(result: LintResult) -> str:
+    return json.dumps([_entry(e) for e in entries(result)], indent=2, default=jsonable) + "\n"
+
+
+def _entry(entry: Finding | FileError) -> dict[str, Any]:
+    if isinstance(entry, FileError):
+        return {
+            "code": FILE_ERROR_CODE,
+            "name": FILE_ERROR_NAME,
+            "path": entry.path,
+            "line": entry.line,
+            "column": entry.column,
+            "end_line": entry.line,
+            "end_column": entry.column,
+            "severity": "error",
+            "message": entry.message,
+            "fix_title": None,
+            "facts": {},
+        }
+    data = {
+        "code": entry.code,
+        "name": entry.name,
+        "path": entry.path,
+        "line": entry.line,
+        "column": entry.column,
+        "end_line": entry.end_line,
+        "end_column": entry.end_column,
+        "severity": entry.severity,
+        "message": entry.message,
+        "fix_title": entry.fix_title,
+        "facts": entry.facts,
+    }
+    if entry.confirmation is not None:
+        data["confirmation"] = entry.confirmation
+    return data

@@ -1,0 +1,126 @@
+"""``--format sarif``: SARIF 2.1.0 as GitHub code scanning reads it.
+
+Paths are relative to the repository root (``uriBaseId`` ``%SRCROOT%``).
+Columns are converted to UTF-16 code units, SARIF's default ``columnKind``.
+``primaryLocationLineHash`` hashes the rule, the file and the flagged line's
+text (whitespace collapsed), not its number, so an alert survives edits
+above it; ``:n`` numbers identical lines in one file."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from kllint import __version__
+from kllint.engine import LintResult
+from kllint.findings import FileError, Finding
+from kllint.reporters.common import FILE_ERROR_CODE, jsonable, repo_relative, repo_root, source_line
+from kllint.rulebook import find_rule_page, parse_sections
+from kllint.rules import RULES, RuleInfo
+
+SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
+INFORMATION_URI = "https://pypi.org/project/kllint/"
+
+
+def render(result: LintResult) -> str:
+    root = repo_root()
+    seen: Counter[str] = Counter()
+    run = {
+        "tool": {
+            "driver": {
+                "name": "kllint",
+                "version": __version__,
+                "semanticVersion": __version__,
+                "informationUri": INFORMATION_URI,
+                "rules": [_rule(rule) for rule in RULES.values()],
+            }
+        },
+        "columnKind": "utf16CodeUnits",
+        "results": [_result(f, result, root, seen) for f in result.findings],
+        "invocations": [
+            {
+                "executionSuccessful": result.internal_errors == 0,
+                "toolExecutionNotifications": [_notification(e, root) for e in result.errors],
+            }
+        ],
+    }
+    log = {"$schema": SCHEMA, "version": "2.1.0", "runs": [run]}
+    return json.dumps(log, indent=2, default=jsonable) + "\n"
+
+
+def _rule(rule: RuleInfo) -> dict[str, Any]:
+    page = find_rule_page(rule.code)
+    what = parse_sections(page).get("What it does") if page else None
+    return {
+        "id": rule.code,
+        "name": rule.name,
+        "shortDescription": {"text": rule.summary},
+        "fullDescription": {"text": what or rule.summary},
+        "help": {"text": page or rule.summary, "markdown": page or rule.summary},
+        "defaultConfiguration": {"level": _level(rule.severity)},
+        "properties": {"tags": ["correctness", "kl-divergence"]},
+    }
+
+
+def _result(f: Finding, result: LintResult, root: Path, seen: Counter[str]) -> dict[str, Any]:
+    uri = repo_relative(f.path, root)
+    text = source_line(result, f.path, f.line) or ""
+    end_text = source_line(result, f.path, f.end_line) or ""
+    start = (f.line, _utf16_column(text, f.column))
+    end = max((f.end_line, _utf16_column(end_text, f.end_column)), start)
+    line_hash = hashlib.sha256(f"{f.code}\0{uri}\0{' '.join(text.split())}".encode()).hexdigest()
+    seen[line_hash] += 1
+    properties: dict[str, Any] = {"name": f.name, "facts": f.facts}
+    if f.fix_title:
+        properties["fix_title"] = f.fix_title
+    if f.confirmation is not None:
+        properties["confirmation"] = f.confirmation
+    message = f"{f.message}\nHelp: {f.fix_title}" if f.fix_title else f.message
+    return {
+        "ruleId": f.code,
+        **({"ruleIndex": list(RULES).index(f.code)} if f.code in RULES else {}),
+        "level": _level(f.severity),
+        "message": {"text": message},
+        "locations": [_location(uri, start, end)],
+        "partialFingerprints": {"primaryLocationLineHash": f"{line_hash[:16]}:{seen[line_hash]}"},
+        "properties": properties,
+    }
+
+
+def _notification(e: FileError, root: Path) -> dict[str, Any]:
+    where = (e.line, max(1, e.column))
+    return {
+        "level": "error",
+        "message": {"text": e.message},
+        "descriptor": {"id": FILE_ERROR_CODE},
+        "locations": [_location(repo_relative(e.path, root), where, where)],
+    }
+
+
+def _location(uri: str, start: tuple[int, int], end: tuple[int, int]) -> dict[str, Any]:
+    region = {
+        "startLine": start[0],
+        "startColumn": start[1],
+        "endLine": end[0],
+        "endColumn": end[1],
+    }
+    return {
+        "physicalLocation": {
+            "artifactLocation": {"uri": uri, "uriBaseId": "%SRCROOT%"},
+            "region": region,
+        }
+    }
+
+
+def _utf16_column(text: str, column: int) -> int:
+    """A 1-based code-point column as a 1-based UTF-16 column: an astral
+    character (an emoji in a comment) counts twice."""
+    prefix = text[: column - 1]
+    return len(prefix.encode("utf-16-le")) // 2 + (column - 1 - len(prefix)) + 1
+
+
+def _level(severity: str) -> str:
+    return "warning" if severity == "warning" else "error"

@@ -1,0 +1,86 @@
+"""The human formats: ``full`` (the default, with the offending line) and ``concise``."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import click
+
+from kllint.engine import LintResult
+from kllint.findings import FileError, Finding
+from kllint.reporters.common import FILE_ERROR_CODE, entries, source_line
+
+
+def render_full(result: LintResult, *, color: bool = False) -> str:
+    blocks = []
+    for entry in entries(result):
+        if isinstance(entry, FileError):
+            blocks.append(_file_error(entry, color))
+            continue
+        lines = [_headline(entry, color)]
+        text = source_line(result, entry.path, entry.line)
+        if text is not None:
+            lines += _snippet(entry, text, color)
+        if entry.fix_title:
+            lines.append(f"  = {_style('help', color, bold=True)}: {entry.fix_title}")
+        if entry.confirmation is not None:
+            lines.append(f"  = {_style('confirmation', color, bold=True)}: {_confirmation(entry)}")
+        blocks.append("\n".join(lines) + "\n")
+    return "\n".join([*blocks, summary(result)]) + "\n"
+
+
+def render_concise(result: LintResult, *, color: bool = False) -> str:
+    lines = [
+        _file_error(e, color) if isinstance(e, FileError) else _headline(e, color)
+        for e in entries(result)
+    ]
+    return "\n".join([*lines, summary(result)]) + "\n"
+
+
+def summary(result: LintResult) -> str:
+    parts = []
+    if result.findings:
+        counts = Counter(f.code for f in result.findings)
+        by_code = ", ".join(f"{code}: {n}" for code, n in sorted(counts.items()))
+        parts.append(f"Found {_plural(len(result.findings), 'finding')} ({by_code}).")
+    if result.errors:
+        parts.append(f"{_plural(len(result.errors), 'file')} could not be checked.")
+    return " ".join(parts) or "All checks passed!"
+
+
+def _headline(f: Finding, color: bool) -> str:
+    where = _style(f"{f.path}:{f.line}:{f.column}:", color, bold=True)
+    code = _style(f.code, color, fg="red" if f.severity == "error" else "yellow", bold=True)
+    return f"{where} {code} [{f.name}] {f.message}"
+
+
+def _file_error(e: FileError, color: bool) -> str:
+    where = _style(f"{e.path}:{e.line}:{e.column}:", color, bold=True)
+    return f"{where} {_style(FILE_ERROR_CODE, color, fg='red', bold=True)} {e.message}"
+
+
+def _snippet(f: Finding, text: str, color: bool) -> list[str]:
+    start = min(f.column - 1, len(text))
+    end = f.end_column - 1 if f.end_line == f.line else len(text)
+    # Keep the line's tabs in the margin so the carets line up however tabs render.
+    margin = "".join(c if c == "\t" else " " for c in text[:start])
+    carets = _style("^" * max(1, end - start), color, fg="red", bold=True)
+    number = str(f.line)
+    gutter = " " * len(number)
+    return [f"{gutter} |", f"{number} | {text}", f"{gutter} | {margin}{carets}", f"{gutter} |"]
+
+
+def _confirmation(f: Finding) -> str:
+    details = dict(f.confirmation or {})
+    verdict = details.pop("verdict", "")
+    extra = ", ".join(f"{k}={v}" for k, v in details.items())
+    return f"{verdict} ({extra})" if verdict and extra else str(verdict or extra)
+
+
+def _plural(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def _style(text: str, color: bool, **styles: Any) -> str:
+    return click.style(text, **styles) if color else text
