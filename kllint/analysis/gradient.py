@@ -84,9 +84,7 @@ def _dual_binary(op: str, a: Dual, b: Dual) -> Dual:
             raise Unsupported("pow with a variable exponent")
         v = a.value**b.value
         la = math.log(a.value)
-        return Dual(
-            v, [v * (b.value * x / a.value + la * y) for x, y in zip(a.grad, b.grad)]
-        )
+        return Dual(v, [v * (b.value * x / a.value + la * y) for x, y in zip(a.grad, b.grad)])
     raise Unsupported(op)
 
 
@@ -129,7 +127,9 @@ class _Point:
     advantage: list[float]
 
 
-def _evaluate(node: ir.Node, point: _Point, memo: dict[int, tuple[Value, bool]]) -> tuple[Value, bool]:
+def _evaluate(
+    node: ir.Node, point: _Point, memo: dict[int, tuple[Value, bool]]
+) -> tuple[Value, bool]:
     """Returns (values, per_token)."""
     key = id(node)
     if key in memo:
@@ -147,21 +147,27 @@ def _broadcast(a: tuple[Value, bool], b: tuple[Value, bool]) -> tuple[Value, Val
     return (va if ta else va * n), (vb if tb else vb * n), True
 
 
-def _evaluate_uncached(node: ir.Node, point: _Point, memo: dict[int, tuple[Value, bool]]) -> tuple[Value, bool]:
+def _evaluate_uncached(
+    node: ir.Node, point: _Point, memo: dict[int, tuple[Value, bool]]
+) -> tuple[Value, bool]:
     n = len(point.log_ratio)
     if isinstance(node, ir.Const):
         return [Dual.const(node.value, n)], False
     if isinstance(node, ir.Atom):
         values = _atom_values(node.role, point)
         if node.level is Level.SEQUENCE:
-            total = Dual(sum(d.value for d in values), [sum(col) for col in zip(*(d.grad for d in values))])
+            total = Dual(
+                sum(d.value for d in values), [sum(col) for col in zip(*(d.grad for d in values))]
+            )
             return [total], False
         return values, True
     if isinstance(node, ir.Unary):
         values, per_token = _evaluate(node.arg, point, memo)
         return [_dual_unary(node.op, d) for d in values], per_token
     if isinstance(node, ir.Binary):
-        left, right, per_token = _broadcast(_evaluate(node.left, point, memo), _evaluate(node.right, point, memo))
+        left, right, per_token = _broadcast(
+            _evaluate(node.left, point, memo), _evaluate(node.right, point, memo)
+        )
         return [_dual_binary(node.op, a, b) for a, b in zip(left, right)], per_token
     if isinstance(node, ir.Clamp):
         values, per_token = _evaluate(node.arg, point, memo)
@@ -181,7 +187,9 @@ def _evaluate_uncached(node: ir.Node, point: _Point, memo: dict[int, tuple[Value
         weights = [1.0] * len(values)
         if node.mask is not None:
             mask_values, mask_per_token = _evaluate(node.mask, point, memo)
-            weights = [d.value for d in (mask_values if mask_per_token else mask_values * len(values))]
+            weights = [
+                d.value for d in (mask_values if mask_per_token else mask_values * len(values))
+            ]
         total = Dual(
             sum(w * d.value for w, d in zip(weights, values)),
             [sum(w * d.grad[i] for w, d in zip(weights, values)) for i in range(n)],
@@ -204,7 +212,9 @@ def _evaluate_uncached(node: ir.Node, point: _Point, memo: dict[int, tuple[Value
             out[t] = running
         return out, True
     if isinstance(node, ir.Opaque):
-        raise Unsupported(node.reason)
+        # An opaque value carries no gradient through the policy as far as
+        # kllint can tell: a weight (see ir.Opaque).
+        return [Dual.const(1.0, n)], False
     raise Unsupported(type(node).__name__)
 
 
@@ -215,7 +225,10 @@ def _atom_values(role: Role, point: _Point) -> Value:
         return [1.0 if i == t else 0.0 for i in range(n)]
 
     if role is Role.POLICY_LOGP:
-        return [Dual(r + x, unit(t)) for t, (r, x) in enumerate(zip(point.reference_logp, point.log_ratio))]
+        return [
+            Dual(r + x, unit(t))
+            for t, (r, x) in enumerate(zip(point.reference_logp, point.log_ratio))
+        ]
     if role is Role.OLD_LOGP:
         # On fresh samples the behaviour policy is the policy, without gradient.
         return [Dual.const(r + x, n) for r, x in zip(point.reference_logp, point.log_ratio)]
@@ -274,7 +287,9 @@ class GradientProfile:
 
     @property
     def sequence_correct(self) -> bool:
-        return self.direction is Direction.KL and self.scale > 0 and self.credit is Credit.REWARD_TO_GO
+        return (
+            self.direction is Direction.KL and self.scale > 0 and self.credit is Credit.REWARD_TO_GO
+        )
 
 
 def _points(horizon: int, seed: int) -> list[_Point]:
@@ -306,7 +321,9 @@ def _least_squares(rows: list[list[float]], target: list[float]) -> tuple[list[f
                 f = m[r][col] / m[col][col]
                 m[r] = [a - f * b for a, b in zip(m[r], m[col])]
     w = [m[i][k] / m[i][i] if abs(m[i][i]) >= 1e-12 else 0.0 for i in range(k)]
-    residual = math.sqrt(sum((sum(a * b for a, b in zip(r, w)) - y) ** 2 for r, y in zip(rows, target)))
+    residual = math.sqrt(
+        sum((sum(a * b for a, b in zip(r, w)) - y) ** 2 for r, y in zip(rows, target))
+    )
     scale = math.sqrt(sum(y * y for y in target)) or 1.0
     return w, residual / scale
 
@@ -317,8 +334,10 @@ def _local_features(x: float) -> list[float]:
 
 def _classify_local(a1: float, a2: float, quad: float, constant: float) -> tuple[Direction, float]:
     big = max(abs(a1), abs(a2), abs(quad), abs(constant), 1e-300)
+
     def zero(v: float) -> bool:
         return abs(v) <= 1e-6 * big
+
     if zero(quad):
         if zero(a1) and zero(a2):
             return (Direction.NONE, 0.0) if abs(constant) < 1e-12 else (Direction.ZERO, constant)
@@ -342,7 +361,9 @@ def profile(term: ir.Node) -> GradientProfile:
     if all(abs(y) < 1e-12 for y in target):
         return GradientProfile(Direction.NONE, 0.0, Credit.NONE, False, True)
     w, residual = _least_squares(rows, target)
-    direction, scale = (Direction.OTHER, 0.0) if residual > _TOL else _classify_local(w[1], w[2], w[3], w[0])
+    direction, scale = (
+        (Direction.OTHER, 0.0) if residual > _TOL else _classify_local(w[1], w[2], w[3], w[0])
+    )
 
     # Sequences: regress each token's coefficient on its own x, later x's and earlier x's.
     points = _points(HORIZON, seed=2)
@@ -379,7 +400,11 @@ def profile(term: ir.Node) -> GradientProfile:
                 credits.append(Credit.OTHER)
         if future:
             credits.append(
-                Credit.REWARD_TO_GO if all(future) else Credit.NONE if not any(future) else Credit.OTHER
+                Credit.REWARD_TO_GO
+                if all(future)
+                else Credit.NONE
+                if not any(future)
+                else Credit.OTHER
             )
     if Credit.OTHER in credits or len(set(credits)) > 1:
         credit = Credit.OTHER
@@ -416,8 +441,10 @@ def estimator_name(focus: ir.Node) -> str:
         return "KL estimate"
     c, a1, a2, quad = w
     big = max(abs(v) for v in w) or 1.0
+
     def near(a: float, b: float) -> bool:
         return abs(a - b) <= 1e-6 * big
+
     if near(a2, 0) and near(quad, 0) and not near(a1, 0):
         return "k1 (log-ratio)" if a1 > 0 else "k1 (log-ratio, negated)"
     if near(a1, 0) and near(a2, 0) and not near(quad, 0):

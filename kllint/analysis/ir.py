@@ -49,17 +49,23 @@ class Axis(enum.Enum):
     ALL = "all"  # over everything: -> []
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class Origin:
-    """Where an IR node came from, for messages. ``line``/``column`` are 1-based."""
+    """Where an IR node came from, for messages. ``line``/``column`` are 1-based.
+
+    Positions are filled in only for the nodes a finding reports, after the
+    analysis (LibCST's position metadata costs about twice a parse), so an
+    origin starts with the LibCST node it came from and zeros."""
 
     path: str
-    line: int
-    column: int
-    end_line: int
-    end_column: int
+    line: int = 0
+    column: int = 0
+    end_line: int = 0
+    end_column: int = 0
     code: str = ""
-    helper: str | None = None  # "module.function:line" when lowered from a helper's body
+    helper: str | None = None  # "function (path:line)" when lowered from a helper's body
+    cst_node: object = field(default=None, repr=False)
+    notes: list[str] = field(default_factory=list)  # e.g. how a selector was resolved
 
     def describe(self) -> str:
         where = f"{self.path}:{self.line}"

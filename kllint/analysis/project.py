@@ -1,11 +1,199 @@
-"""The project index: which modules exist, parsed lazily, for helpers across files."""
+"""The project index: modules parsed lazily, for helpers across files, and the
+configuration defaults (argparse, dataclass fields, YAML) a selector may read.
+
+Nothing here is a whole-program pass: a module is parsed the first time a
+call site needs one of its functions, and the defaults table of a package is
+built once from a text scan (no parse) of its files.
+"""
 
 from __future__ import annotations
 
+import os
+import re
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+
+import libcst as cst
+
+from kllint.analysis.module import ModuleInfo
+
+_SKIP_DIRS = {
+    ".git",
+    "__pycache__",
+    ".venv",
+    "venv",
+    "node_modules",
+    "build",
+    "dist",
+    ".tox",
+    ".mypy_cache",
+}
+_LITERAL = r"(\"[^\"\n]*\"|'[^'\n]*'|True|False|None|-?\d+(?:\.\d+)?)"
+_ARGPARSE = re.compile(
+    r"add_argument\(\s*(?:\"-\w\"\s*,\s*|'-\w'\s*,\s*)?[\"']--?([\w-]+)[\"']((?:(?!add_argument).){0,800}?)\)\s*$",
+    re.DOTALL | re.MULTILINE,
+)
+_ARG_DEFAULT = re.compile(r"\bdefault\s*=\s*" + _LITERAL)
+_ARG_DEST = re.compile(r"\bdest\s*=\s*[\"'](\w+)[\"']")
+_FIELD = re.compile(
+    r"^[ \t]+(\w+)\s*:\s*[^=\n]+?=\s*(?:field\(\s*default\s*=\s*)?"
+    + _LITERAL
+    + r"\s*\)?\s*(?:#.*)?$",
+    re.MULTILINE,
+)
+_YAML = re.compile(
+    r"^[ \t]*([A-Za-z_]\w*)[ \t]*:[ \t]*(\"[^\"\n]*\"|'[^'\n]*'|[A-Za-z_][\w.-]*|-?\d+(?:\.\d+)?)[ \t]*(?:#.*)?$",
+    re.MULTILINE,
+)
+
+
+@dataclass(frozen=True)
+class Default:
+    value: object
+    source: str  # "argparse default in cli/train.py", ...
+
+
+@dataclass
+class _PackageDefaults:
+    table: dict[str, list[Default]] = field(default_factory=dict)
+
+    def add(self, key: str, value: object, source: str) -> None:
+        self.table.setdefault(key, []).append(Default(value, source))
+
+
+def _literal(text: str) -> object:
+    if text[:1] in "\"'":
+        return text[1:-1]
+    if text in ("True", "true"):
+        return True
+    if text in ("False", "false"):
+        return False
+    if text in ("None", "null"):
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        try:
+            return float(text)
+        except ValueError:
+            return text
 
 
 class Project:
     def __init__(self, roots: Sequence[Path]) -> None:
         self.roots = [Path(r) for r in roots]
+        self._modules: dict[Path, ModuleInfo | None] = {}
+        self._defaults: dict[Path, _PackageDefaults] = {}
+
+    # ------------------------------------------------------------ modules
+
+    def add_module(self, path: Path, module: cst.Module) -> ModuleInfo:
+        info = ModuleInfo(path.resolve(), module)
+        self._modules[path.resolve()] = info
+        return info
+
+    def module_at(self, path: Path) -> ModuleInfo | None:
+        path = path.resolve()
+        if path not in self._modules:
+            try:
+                module = cst.parse_module(path.read_text(encoding="utf-8"))
+            except (OSError, UnicodeDecodeError, cst.ParserSyntaxError):
+                self._modules[path] = None
+            else:
+                self._modules[path] = ModuleInfo(path, module)
+        return self._modules[path]
+
+    def resolve_module(self, dotted: str, importer: Path, level: int = 0) -> ModuleInfo | None:
+        """The module ``dotted`` as imported from ``importer`` (``level`` dots)."""
+        if level:
+            base = importer.resolve().parent
+            for _ in range(level - 1):
+                base = base.parent
+            candidates = [base]
+        else:
+            candidates = [package_base(importer)] + [
+                r if r.is_dir() else r.parent for r in self.roots
+            ]
+        parts = [p for p in dotted.split(".") if p]
+        for base in candidates:
+            target = base.joinpath(*parts) if parts else base
+            for path in (target.with_suffix(".py"), target / "__init__.py"):
+                if path.is_file():
+                    return self.module_at(path)
+        return None
+
+    # ------------------------------------------------------------ defaults
+
+    def config_defaults(self, importer: Path, key: str) -> list[Default]:
+        """Every default given to a setting named ``key`` in the package that
+        contains ``importer``: argparse options, class-body field defaults
+        (dataclasses, pydantic, plain config classes) and YAML keys."""
+        top = package_base(importer)
+        root = _top_package_dir(importer) or importer.resolve().parent
+        if root not in self._defaults:
+            self._defaults[root] = self._scan_defaults(root, top)
+        return self._defaults[root].table.get(key, [])
+
+    def _scan_defaults(self, root: Path, top: Path) -> _PackageDefaults:
+        defaults = _PackageDefaults()
+        for dirpath, dirnames, filenames in os.walk(root):
+            dirnames[:] = [d for d in dirnames if d not in _SKIP_DIRS and not d.startswith(".")]
+            for filename in filenames:
+                path = Path(dirpath) / filename
+                if not filename.endswith((".py", ".yaml", ".yml")):
+                    continue
+                try:
+                    text = path.read_text(encoding="utf-8", errors="replace")
+                except OSError:
+                    continue
+                shown = _relative(path, top)
+                if filename.endswith(".py"):
+                    self._scan_python(text, shown, defaults)
+                else:
+                    for match in _YAML.finditer(text):
+                        line = text.count("\n", 0, match.start()) + 1
+                        defaults.add(match.group(1), _literal(match.group(2)), f"{shown}:{line}")
+        return defaults
+
+    @staticmethod
+    def _scan_python(text: str, shown: str, defaults: _PackageDefaults) -> None:
+        if "add_argument" in text:
+            for match in _ARGPARSE.finditer(text):
+                body = match.group(2)
+                default = _ARG_DEFAULT.search(body)
+                if default is None:
+                    continue
+                dest = _ARG_DEST.search(body)
+                key = dest.group(1) if dest else match.group(1).replace("-", "_")
+                line = text.count("\n", 0, match.start()) + 1
+                defaults.add(key, _literal(default.group(1)), f"argparse default in {shown}:{line}")
+        for match in _FIELD.finditer(text):
+            line = text.count("\n", 0, match.start()) + 1
+            defaults.add(
+                match.group(1), _literal(match.group(2)), f"field default in {shown}:{line}"
+            )
+
+
+def package_base(path: Path) -> Path:
+    """The directory a top-level import of ``path``'s package is relative to."""
+    top = _top_package_dir(path)
+    return top.parent if top is not None else path.resolve().parent
+
+
+def _top_package_dir(path: Path) -> Path | None:
+    directory = path.resolve().parent
+    top = None
+    while (directory / "__init__.py").is_file():
+        top = directory
+        if directory.parent == directory:
+            break
+        directory = directory.parent
+    return top
+
+
+def _relative(path: Path, base: Path) -> str:
+    try:
+        return path.resolve().relative_to(base).as_posix()
+    except ValueError:
+        return path.as_posix()

@@ -1,4 +1,13 @@
-"""KL sites: a KL term found in code, with where its gradient flows."""
+"""KL sites: the terms of a loss that involve the reference policy, with the
+gradient profile the rules judge.
+
+A loss such as ``-(ratio * adv - beta * kl).mean() + entropy_term`` is a sum
+of terms; reductions, masks, signs and coefficients are linear, so each term
+can be judged on its own. The policy-gradient term (no reference log-prob)
+is not a KL site; ``ratio * beta * kl`` is. The split never cuts inside an
+estimator: ``logp - ref`` stays one term, because its policy side is plain
+log-prob arithmetic rather than a separate loss.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +15,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kllint.analysis import ir
+from kllint.analysis.gradient import GradientProfile, Unsupported, estimator_name, profile
+from kllint.analysis.ir import Role
+
+_LOGPROB_ROLES = (Role.POLICY_LOGP, Role.OLD_LOGP)
 
 
 @dataclass
@@ -21,5 +34,152 @@ class KLSite:
     term: ir.Node
     focus: ir.Node
     origin: ir.Origin
-    sink: str  # how it reaches a loss: "loss.backward()", "returned by compute_loss", ...
+    sink: str  # how it reaches a loss: "`loss.backward()`", "returned by `compute_loss`", ...
+    strong_sink: bool
+    profile: GradientProfile
+    estimator: str
+    branch: str = ""  # the condition under which this alternative is taken
     facts: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def policy_names(self) -> list[str]:
+        return _names(self.term, Role.POLICY_LOGP)
+
+    @property
+    def reference_names(self) -> list[str]:
+        return _names(self.term, Role.REFERENCE_LOGP)
+
+    @property
+    def old_names(self) -> list[str]:
+        return _names(self.term, Role.OLD_LOGP)
+
+    @property
+    def importance_weighted(self) -> bool:
+        """The focus is multiplied by exp(logp - sg(logp)) or pi/pi_old."""
+        return _has_ratio_factor(self.term, self.focus)
+
+    @property
+    def score_function(self) -> bool:
+        """The KL enters only through a detached weight on a log-prob."""
+        return not ir.depends_on_policy(self.focus) and ir.depends_on_policy(self.term)
+
+
+def _names(node: ir.Node, role: Role) -> list[str]:
+    seen: list[str] = []
+    for atom in node.atoms():
+        if atom.role is role and atom.name not in seen:
+            seen.append(atom.name)
+    return seen
+
+
+def kl_terms(value: ir.Node) -> list[ir.Node]:
+    """The additive terms of a loss that involve the reference log-prob."""
+    return [t for t in _split(value) if t.has_role(Role.REFERENCE_LOGP) and any(t.has_role(r) for r in _LOGPROB_ROLES)]
+
+
+def _has_reference(node: ir.Node) -> bool:
+    return node.has_role(Role.REFERENCE_LOGP)
+
+
+def _is_separate_loss(node: ir.Node) -> bool:
+    """A reference-free side that is a loss of its own (a policy-gradient
+    term, an entropy bonus), not log-prob arithmetic of an estimator."""
+    for leaf in node.walk():
+        if isinstance(leaf, ir.Opaque):
+            return True
+        if isinstance(leaf, ir.Atom) and leaf.role not in (*_LOGPROB_ROLES, Role.COEFFICIENT):
+            return True
+    return False
+
+
+def _is_reduced(node: ir.Node) -> bool:
+    while isinstance(node, ir.Unary) and node.op == "neg" or isinstance(node, ir.Binary) and node.op in ("mul", "div") and not _has_reference(node.right):
+        node = node.arg if isinstance(node, ir.Unary) else node.left  # type: ignore[union-attr]
+    while isinstance(node, ir.Binary) and node.op == "mul" and not _has_reference(node.left):
+        node = node.right
+    return isinstance(node, ir.Reduce)
+
+
+def _split(node: ir.Node) -> list[ir.Node]:
+    origin = node.origin
+    if isinstance(node, ir.Binary) and node.op in ("add", "sub"):
+        left_ref, right_ref = _has_reference(node.left), _has_reference(node.right)
+        split = (
+            (left_ref and not right_ref and _is_separate_loss(node.right))
+            or (right_ref and not left_ref and _is_separate_loss(node.left))
+            or (left_ref and right_ref and _is_reduced(node.left) and _is_reduced(node.right))
+            or (not left_ref and not right_ref)
+        )
+        if split:
+            rights = _split(node.right)
+            if node.op == "sub":
+                rights = [ir.neg(t, origin) for t in rights]
+            return _split(node.left) + rights
+        return [node]
+    if isinstance(node, ir.Unary) and node.op in ("neg", "detach"):
+        return [ir.Unary(node.op, t, origin=origin) for t in _split(node.arg)]
+    if isinstance(node, ir.Reduce):
+        return [ir.Reduce(node.kind, node.axis, t, node.mask, origin=origin) for t in _split(node.arg)]
+    if isinstance(node, ir.CumSum):
+        return [ir.CumSum(t, node.reverse, origin=origin) for t in _split(node.arg)]
+    if isinstance(node, ir.Binary) and node.op == "mul":
+        if not _has_reference(node.left) and _has_reference(node.right):
+            return [ir.Binary("mul", node.left, t, origin=origin) for t in _split(node.right)]
+        if not _has_reference(node.right) and _has_reference(node.left):
+            return [ir.Binary("mul", t, node.right, origin=origin) for t in _split(node.left)]
+    if isinstance(node, ir.Binary) and node.op == "div" and not _has_reference(node.right):
+        return [ir.Binary("div", t, node.right, origin=origin) for t in _split(node.left)]
+    return [node]
+
+
+def focus_of(term: ir.Node) -> ir.Node:
+    """The KL-bearing subexpression: strip reductions, signs, detaches and
+    reference-free factors (coefficients, masks, importance ratios)."""
+    node = term
+    while True:
+        if isinstance(node, (ir.Reduce, ir.CumSum)):
+            node = node.arg
+        elif isinstance(node, ir.Unary) and node.op in ("neg", "detach"):
+            node = node.arg
+        elif isinstance(node, ir.Binary) and node.op in ("mul", "div") and not _has_reference(node.right):
+            node = node.left
+        elif isinstance(node, ir.Binary) and node.op == "mul" and not _has_reference(node.left):
+            node = node.right
+        else:
+            return node
+
+
+def _has_ratio_factor(term: ir.Node, focus: ir.Node) -> bool:
+    node = term
+    while node is not focus:
+        if isinstance(node, ir.Binary) and node.op == "mul":
+            other = node.left if _has_reference(node.right) else node.right
+            if isinstance(other, ir.Unary) and other.op == "exp" and ir.depends_on_policy(other):
+                return True
+            node = node.right if _has_reference(node.right) else node.left
+        elif isinstance(node, (ir.Reduce, ir.CumSum, ir.Unary)):
+            node = node.arg
+        elif isinstance(node, ir.Binary):
+            node = node.left
+        else:
+            return False
+    return False
+
+
+def build_site(term: ir.Node, sink: str, strong: bool, branch: str, fallback: ir.Origin) -> KLSite | None:
+    try:
+        gradient_profile = profile(term)
+    except Unsupported:
+        return None
+    focus = focus_of(term)
+    origin = focus.origin or term.origin or fallback
+    return KLSite(
+        term=term,
+        focus=focus,
+        origin=origin,
+        sink=sink,
+        strong_sink=strong,
+        profile=gradient_profile,
+        estimator=estimator_name(focus),
+        branch=branch,
+    )

@@ -54,3 +54,21 @@ def lookup(code_or_name: str) -> list[RuleInfo]:
         return []
     upper = key.upper()
     return [r for r in RULES.values() if r.code.startswith(upper) or r.name == key.lower()]
+
+
+def all_rules() -> list:  # list[kllint.rules.base.Rule]; imported lazily to keep this module light
+    from kllint.rules import (
+        kl001_differentiated_k1,
+        kl002_differentiated_k3,
+        kl003_token_level_kl,
+        kl004_k3_as_reward,
+        kl005_kl_loss_without_gradient,
+    )
+
+    return [
+        kl001_differentiated_k1.RULE,
+        kl002_differentiated_k3.RULE,
+        kl003_token_level_kl.RULE,
+        kl004_k3_as_reward.RULE,
+        kl005_kl_loss_without_gradient.RULE,
+    ]

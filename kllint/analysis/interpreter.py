@@ -1,0 +1,1028 @@
+"""Lowering code to the KL expression IR: an abstract interpreter over one
+function's statements.
+
+Each local name maps to an abstract value: an IR node (a tensor expression
+over atoms), a Python literal (a selector such as ``"low_var_kl"``), a
+``Choice`` between values when a branch cannot be decided, a sequence, a
+function, or an ``Unknown`` that becomes an atom once evidence says what it
+is. Following assignments is what makes ``ratio = (ref - logp).exp()`` and
+``ratio - ratio.log() - 1`` one expression, and ``x = -x`` a new one.
+
+Gradient flow is part of the values: ``.detach()``, ``.item()``, ``.data``,
+``torch.no_grad()``/``inference_mode()`` blocks and decorators, and stored
+rollout tensors wrap what they produce in ``detach``. Calls into helper
+functions of the project are interpreted with their arguments bound, so a
+string selector picks its branch at the call site and the verdict belongs to
+that call site.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Union
+
+import libcst as cst
+
+from kllint.analysis import ir, roles
+from kllint.analysis.ir import Axis, Role
+from kllint.analysis.module import ClassInfo, ModuleInfo, dotted_name
+from kllint.analysis.project import Project
+
+MAX_OPTIONS = 8
+MAX_DEPTH = 4
+
+# --------------------------------------------------------------------- values
+
+
+@dataclass(frozen=True)
+class Py:
+    """A Python literal: a selector string, a bool flag, an int index, None."""
+
+    value: object
+    source: str | None = None  # where a config default came from
+
+
+@dataclass
+class Choice:
+    """Alternatives the analysis cannot decide between, each with the
+    condition under which it is taken."""
+
+    options: list[tuple[str, Value]]
+
+
+@dataclass
+class Seq:
+    items: list[Value]
+
+
+@dataclass
+class DictVal:
+    items: dict[str, Value]
+
+
+@dataclass
+class Flipped:
+    """``torch.flip`` along time of a node: kept apart so that
+    ``flip(cumsum(flip(x)))`` becomes the reverse cumulative sum."""
+
+    node: ir.Node
+
+
+@dataclass
+class Unknown:
+    """A value the interpreter cannot compute, with the evidence needed to
+    decide later what it is: the names along its attribute/subscript/call
+    chain, whether it was read from stored rollout data, whether a reference
+    model produced it."""
+
+    text: str
+    names: tuple[str, ...]
+    call: bool = False  # the result of calling something
+    stored: bool = False  # read from a rollout container
+    reference_model: bool = False  # computed by a model named ref/base/initial
+    logprob_op: bool = False  # produced by log_softmax/gather/log_prob & co.
+    detached: bool = False
+    module: str | None = None  # an imported module or name it refers to
+
+
+@dataclass
+class FuncRef:
+    node: cst.FunctionDef
+    module: ModuleInfo
+    cls: ClassInfo | None = None
+    bound: bool = False  # called as self.method(...)
+
+
+Value = Union[ir.Node, Py, Choice, Seq, DictVal, Flipped, Unknown, FuncRef]
+
+
+@dataclass
+class Sink:
+    """A value that reaches a loss."""
+
+    value: Value
+    description: str  # "`loss.backward()`", "returned by `compute_loss`", ...
+    strong: bool  # backward / returned from a loss function (vs. a loss-like name)
+    node: cst.CSTNode
+    function: str
+
+
+# --------------------------------------------------------------------- context
+
+_TENSOR_IDENTITY = frozenset(
+    {"float", "double", "half", "bfloat16", "to", "contiguous", "view", "reshape", "squeeze", "unsqueeze",
+     "flatten", "clone", "type", "type_as", "view_as", "expand", "expand_as", "cuda", "cpu", "requires_grad_",
+     "nan_to_num", "masked_fill", "gather", "index_select", "narrow", "select", "roll", "t", "transpose",
+     "permute", "squeeze_", "unsqueeze_", "float_", "as_strided", "repeat", "repeat_interleave", "tile"}
+)
+_UNARY = {
+    "exp": "exp", "log": "log", "expm1": "expm1", "log1p": "log1p", "square": "square", "abs": "abs",
+    "sqrt": "sqrt", "neg": "neg", "negative": "neg", "absolute": "abs",
+}
+_BINARY_METHODS = {"mul": "mul", "multiply": "mul", "add": "add", "sub": "sub", "subtract": "sub",
+                   "div": "div", "divide": "div", "true_divide": "div", "pow": "pow"}
+_DETACHING = frozenset({"detach", "item", "tolist", "numpy", "detach_"})
+_LOGPROB_OPS = frozenset({"log_softmax", "gather_log_probs", "logsumexp"})
+_AGGREGATORS = frozenset({"masked_mean", "masked_sum", "agg_loss", "aggregate_loss", "masked_avg", "mean_with_mask", "sum_with_mask", "masked_average"})
+_NO_GRAD = frozenset({"no_grad", "inference_mode"})
+_LOSS_FUNCTIONS = frozenset({"compute_loss", "loss_fn", "loss", "get_loss", "compute_losses", "training_step", "forward_loss", "policy_loss"})
+_MODULE_PREFIXES = ("torch", "F", "nn", "functional")
+
+
+def is_loss_name(name: str) -> bool:
+    ws = roles.words(name)
+    return "loss" in ws or "losses" in ws or "objective" in ws
+
+
+@dataclass
+class FileContext:
+    path: str  # as displayed
+    fs_path: Path
+    module: ModuleInfo
+    project: Project
+    role_patterns: roles.RolePatterns
+    sinks: list[Sink] = field(default_factory=list)
+
+
+# --------------------------------------------------------------------- interpreter
+
+
+class _Return(Exception):
+    pass
+
+
+class Interpreter:
+    def __init__(
+        self,
+        context: FileContext,
+        module: ModuleInfo,
+        cls: ClassInfo | None = None,
+        *,
+        depth: int = 0,
+        call_site: ir.Origin | None = None,
+        stack: tuple[int, ...] = (),
+        function_name: str = "<module>",
+    ) -> None:
+        self.context = context
+        self.module = module
+        self.cls = cls
+        self.depth = depth
+        self.call_site = call_site
+        self.stack = stack
+        self.function_name = function_name
+        self.env: dict[str, Value] = {}
+        self.no_grad = False
+        self.path: list[str] = []
+        self.returns: list[tuple[str, Value]] = []
+        self.loss_function = False
+
+    # ----------------------------------------------------------------- origins
+
+    def origin(self, node: cst.CSTNode) -> ir.Origin:
+        if self.call_site is not None:
+            return self.call_site
+        return ir.Origin(self.context.path, cst_node=node)
+
+    # ----------------------------------------------------------------- functions
+
+    def run_function(self, fn: cst.FunctionDef, bound: dict[str, Value] | None = None, *, no_grad: bool = False) -> Value | None:
+        self.no_grad = no_grad or _decorated_no_grad(fn)
+        self.function_name = fn.name.value
+        self.loss_function = self._is_loss_function(fn)
+        params = fn.params
+        for param in [*params.posonly_params, *params.params, *params.kwonly_params]:
+            name = param.name.value
+            if bound is not None and name in bound:
+                self.env[name] = bound[name]
+            elif bound is not None and param.default is not None:
+                self.env[name] = self.eval(param.default)
+            else:
+                self.env[name] = self.param_value(name)
+        for star in (params.star_arg, params.star_kwarg):
+            if isinstance(star, cst.Param):
+                self.env[star.name.value] = Unknown(star.name.value, (star.name.value,))
+        self.exec_block(fn.body.body if isinstance(fn.body, cst.IndentedBlock) else [fn.body])
+        if not self.returns:
+            return None
+        return _choice(self.returns)
+
+    def param_value(self, name: str) -> Value:
+        unknown = Unknown(name, (name,))
+        return self.resolve(unknown, name, keep_unknown=True)
+
+    def _is_loss_function(self, fn: cst.FunctionDef) -> bool:
+        name = fn.name.value
+        if name in _LOSS_FUNCTIONS or is_loss_name(name):
+            return True
+        return name in ("forward", "__call__") and self.cls is not None and is_loss_name(self.cls.node.name.value)
+
+    # ----------------------------------------------------------------- statements
+
+    def exec_block(self, statements: Sequence[cst.CSTNode]) -> bool:
+        """Returns True when every path through the block returned."""
+        for statement in statements:
+            if self.exec_statement(statement):
+                return True
+        return False
+
+    def exec_statement(self, statement: cst.CSTNode) -> bool:
+        if isinstance(statement, cst.SimpleStatementLine):
+            for small in statement.body:
+                if self.exec_small(small):
+                    return True
+            return False
+        if isinstance(statement, cst.If):
+            return self.exec_if(statement)
+        if isinstance(statement, (cst.For, cst.While)):
+            if isinstance(statement, cst.For):
+                self.assign(statement.target, Unknown(_code(statement.iter), ("loop",)), statement)
+            self.exec_block(statement.body.body)
+            if statement.orelse is not None:
+                self.exec_block(statement.orelse.body.body)
+            return False
+        if isinstance(statement, cst.With):
+            saved = self.no_grad
+            for item in statement.items:
+                name = dotted_name(item.item.func) if isinstance(item.item, cst.Call) else None
+                if name is not None and name.split(".")[-1] in _NO_GRAD:
+                    self.no_grad = True
+                elif isinstance(item.item, cst.Call) and isinstance(item.item.func, cst.Attribute) and item.item.func.attr.value == "set_grad_enabled":
+                    self.no_grad = True
+                if item.asname is not None:
+                    self.assign(item.asname.name, Unknown(_code(item.item), ("context",)), item)
+            done = self.exec_block(statement.body.body)
+            self.no_grad = saved
+            return done
+        if isinstance(statement, cst.Try):
+            done = self.exec_block(statement.body.body)
+            if statement.finalbody is not None:
+                self.exec_block(statement.finalbody.body.body)
+            return done and not statement.handlers
+        if isinstance(statement, cst.FunctionDef):
+            self.env[statement.name.value] = FuncRef(statement, self.module, self.cls)
+            return False
+        return False
+
+    def exec_if(self, statement: cst.If) -> bool:
+        truth = self.truth(statement.test)
+        orelse = statement.orelse
+        else_body: Sequence[cst.CSTNode] = []
+        if isinstance(orelse, cst.Else):
+            else_body = orelse.body.body
+        elif isinstance(orelse, cst.If):
+            else_body = [orelse]
+        if truth is True:
+            return self.exec_block(statement.body.body)
+        if truth is False:
+            return self.exec_block(else_body)
+        label = _code(statement.test)
+        saved_env, saved_path = dict(self.env), list(self.path)
+        self.path = [*saved_path, label]
+        then_done = self.exec_block(statement.body.body)
+        then_env = self.env
+        self.env, self.path = dict(saved_env), [*saved_path, f"not ({label})"]
+        else_done = self.exec_block(else_body)
+        else_env = self.env
+        self.path = saved_path
+        if then_done and else_done:
+            return True
+        if then_done:
+            self.env = else_env
+        elif else_done:
+            self.env = then_env
+        else:
+            self.env = _merge(then_env, else_env, label)
+        return False
+
+    def exec_small(self, small: cst.BaseSmallStatement) -> bool:
+        if isinstance(small, cst.Assign):
+            value = self.eval(small.value)
+            for target in small.targets:
+                self.assign(target.target, value, small)
+        elif isinstance(small, cst.AnnAssign) and small.value is not None:
+            self.assign(small.target, self.eval(small.value), small)
+        elif isinstance(small, cst.AugAssign):
+            op = _BINOPS.get(type(small.operator).__name__.replace("Assign", ""))
+            current = self.eval(small.target)
+            value = self.eval(small.value)
+            combined = self.binary(op, current, value, small) if op else Unknown(_code(small), ("augassign",))
+            self.assign(small.target, combined, small)
+        elif isinstance(small, cst.Expr):
+            self.eval(small.value)
+        elif isinstance(small, cst.Return):
+            value = self.eval(small.value) if small.value is not None else Py(None)
+            self.returns.append((" and ".join(self.path), value))
+            if self.loss_function and self.depth == 0:
+                self.loss_sink_from_return(small, value)
+            return True
+        elif isinstance(small, cst.Raise):
+            return True
+        return False
+
+    def loss_sink_from_return(self, node: cst.Return, value: Value) -> None:
+        description = f"returned by `{self.function_name}`"
+        if isinstance(value, DictVal):
+            for key, item in value.items.items():
+                if is_loss_name(key):
+                    self.add_sink(item, f"{description} as `{key}`", True, node)
+            return
+        if isinstance(value, Seq) and value.items and isinstance(node.value, (cst.Tuple, cst.List)):
+            # ``return loss, metrics``: the elements named like a loss, else the first.
+            elements = [e.value for e in node.value.elements]
+            named = [v for e, v in zip(elements, value.items) if isinstance(e, cst.Name) and is_loss_name(e.value)]
+            for item in named or value.items[:1]:
+                self.add_sink(item, description, True, node)
+            return
+        self.add_sink(value, description, True, node)
+
+    def add_sink(self, value: Value, description: str, strong: bool, node: cst.CSTNode) -> None:
+        if self.depth == 0:
+            self.context.sinks.append(Sink(value, description, strong, node, self.function_name))
+
+    def assign(self, target: cst.BaseExpression, value: Value, node: cst.CSTNode) -> None:
+        if isinstance(target, cst.Name):
+            name = target.value
+            if isinstance(value, Unknown):
+                value = self.resolve(value, name, keep_unknown=True)
+            elif isinstance(value, Choice):
+                value = Choice([(label, self.resolve(v, name, keep_unknown=True) if isinstance(v, Unknown) else v) for label, v in value.options])
+            self.env[name] = value
+            if is_loss_name(name):
+                self.add_sink(value, f"assigned to `{name}`", False, node)
+        elif isinstance(target, (cst.Tuple, cst.List)):
+            elements = [e.value for e in target.elements]
+            for i, element in enumerate(elements):
+                if isinstance(value, Seq) and i < len(value.items):
+                    item: Value = value.items[i]
+                elif isinstance(value, Unknown):
+                    item = Unknown(f"{value.text}[{i}]", value.names, value.call, value.stored, value.reference_model, value.logprob_op, value.detached)
+                else:
+                    item = Unknown(_code(element), ("unpacked",))
+                self.assign(element, item, node)
+        elif isinstance(target, cst.Subscript) and isinstance(target.value, cst.Name):
+            container = self.env.get(target.value.value)
+            key = _string_key(target)
+            if isinstance(container, DictVal) and key is not None:
+                container.items[key] = value
+                if is_loss_name(key):
+                    self.add_sink(value, f"stored as `{key}`", False, node)
+
+    # ----------------------------------------------------------------- evidence
+
+    def resolve(self, unknown: Unknown, target: str | None = None, *, keep_unknown: bool = False) -> Value:
+        """Decide what an unknown value is, from the strongest evidence first."""
+        patterns = self.context.role_patterns
+        role: Role | None = None
+        name = target or unknown.text
+        prob = False
+        if target is not None and (roles.is_logprob_name(target) or roles.is_prob_name(target) or patterns.logprob_role(target)):
+            role = patterns.logprob_role(target)
+            prob = roles.is_prob_name(target) and not roles.is_logprob_name(target)
+            if role is Role.POLICY_LOGP and patterns.role_from_words(target) is None and unknown.reference_model:
+                role = Role.REFERENCE_LOGP
+        if role is None:
+            for hint in reversed(unknown.names):
+                hint_role = patterns.logprob_role(hint)
+                if hint_role is not None:
+                    role = hint_role
+                    name = hint if target is None else target
+                    prob = roles.is_prob_name(hint) and not roles.is_logprob_name(hint)
+                    if role is Role.POLICY_LOGP and unknown.reference_model:
+                        role = Role.REFERENCE_LOGP
+                    break
+            else:
+                if unknown.logprob_op and target is not None:
+                    role = Role.REFERENCE_LOGP if unknown.reference_model else patterns.role_from_words(target) or Role.POLICY_LOGP
+        if role is None:
+            if keep_unknown:
+                return unknown
+            weight = roles.weight_role(unknown.names[-1] if unknown.names else unknown.text)
+            if weight is not None:
+                return ir.Atom(weight, unknown.text)
+            return ir.Opaque(unknown.text)
+        atom: ir.Node = ir.Atom(role, name, roles.level_of(name))
+        if prob:
+            atom = ir.Unary("exp", atom)
+        if unknown.stored or unknown.detached or self.no_grad:
+            atom = ir.detach(atom)
+        return atom
+
+    def as_node(self, value: Value, origin_node: cst.CSTNode) -> ir.Node:
+        if isinstance(value, ir.Node):
+            return value
+        if isinstance(value, Py):
+            if isinstance(value.value, bool):
+                return ir.Const(float(value.value))
+            if isinstance(value.value, (int, float)):
+                return ir.Const(float(value.value))
+            return ir.Opaque(repr(value.value))
+        if isinstance(value, Unknown):
+            node = self.resolve(value)
+            return node if isinstance(node, ir.Node) else ir.Opaque(value.text)
+        if isinstance(value, Flipped):
+            return ir.Opaque("flipped along time")
+        return ir.Opaque(type(value).__name__)
+
+    # ----------------------------------------------------------------- expressions
+
+    def eval(self, expr: cst.BaseExpression) -> Value:
+        try:
+            return self._eval(expr)
+        except RecursionError:
+            return Unknown(_code(expr), ("deep",))
+
+    def _eval(self, expr: cst.BaseExpression) -> Value:
+        if isinstance(expr, cst.Name):
+            return self.lookup(expr.value)
+        if isinstance(expr, cst.Integer):
+            return ir.Const(float(int(expr.value.replace("_", ""), 0)), origin=self.origin(expr))
+        if isinstance(expr, cst.Float):
+            return ir.Const(float(expr.value.replace("_", "")), origin=self.origin(expr))
+        if isinstance(expr, (cst.SimpleString, cst.ConcatenatedString)):
+            text = expr.evaluated_value
+            return Py(text if isinstance(text, str) else None)
+        if isinstance(expr, cst.FormattedString):
+            return Py(None)
+        if isinstance(expr, cst.UnaryOperation):
+            operand = self.eval(expr.expression)
+            if isinstance(expr.operator, cst.Minus):
+                return self.lift1(operand, lambda n: ir.neg(n, self.origin(expr)), expr)
+            if isinstance(expr.operator, cst.Plus):
+                return operand
+            if isinstance(expr.operator, cst.Not):
+                truth = self.truth(expr.expression)
+                return Py(not truth) if truth is not None else Unknown(_code(expr), ("not",))
+            return Unknown(_code(expr), ("unary",))
+        if isinstance(expr, cst.BinaryOperation):
+            op = _BINOPS.get(type(expr.operator).__name__)
+            left, right = self.eval(expr.left), self.eval(expr.right)
+            if op is None:
+                return Unknown(_code(expr), ("binop",))
+            return self.binary(op, left, right, expr)
+        if isinstance(expr, (cst.Comparison, cst.BooleanOperation)):
+            truth = self.truth(expr)
+            return Py(truth) if truth is not None else Unknown(_code(expr), ("condition",))
+        if isinstance(expr, cst.IfExp):
+            truth = self.truth(expr.test)
+            if truth is True:
+                return self.eval(expr.body)
+            if truth is False:
+                return self.eval(expr.orelse)
+            label = _code(expr.test)
+            return _choice([(label, self.eval(expr.body)), (f"not ({label})", self.eval(expr.orelse))])
+        if isinstance(expr, (cst.Tuple, cst.List)):
+            return Seq([self.eval(e.value) for e in expr.elements if isinstance(e, cst.Element)])
+        if isinstance(expr, cst.Dict):
+            items: dict[str, Value] = {}
+            for element in expr.elements:
+                if isinstance(element, cst.DictElement):
+                    key = self.eval(element.key)
+                    if isinstance(key, Py) and isinstance(key.value, str):
+                        items[key.value] = self.eval(element.value)
+            return DictVal(items)
+        if isinstance(expr, cst.Attribute):
+            return self.eval_attribute(expr)
+        if isinstance(expr, cst.Subscript):
+            return self.eval_subscript(expr)
+        if isinstance(expr, cst.Call):
+            return self.eval_call(expr)
+        if isinstance(expr, cst.Await):
+            return self.eval(expr.expression)
+        return Unknown(_code(expr), (type(expr).__name__,))
+
+    def lookup(self, name: str) -> Value:
+        if name in self.env:
+            return self.env[name]
+        if name in ("True", "False", "None"):
+            return Py({"True": True, "False": False, "None": None}[name])
+        if name in self.module.functions:
+            return FuncRef(self.module.functions[name], self.module)
+        if name in self.module.imports:
+            imported = self.module.imports[name]
+            full = f"{imported.module}.{imported.name}" if imported.name else imported.module
+            return Unknown(name, (name,), module=full)
+        if name in self.module.constants:
+            constant = self.module.constants[name]
+            if isinstance(constant, (cst.SimpleString, cst.Integer, cst.Float, cst.Name)):
+                return self.eval(constant) if not isinstance(constant, cst.Name) else Unknown(name, (name,))
+        return Unknown(name, (name,))
+
+    def eval_attribute(self, expr: cst.Attribute) -> Value:
+        base = self.eval(expr.value)
+        attr = expr.attr.value
+        if isinstance(base, (ir.Node, Choice)) and not isinstance(base, ir.Opaque):
+            if attr == "data":
+                return self.lift1(base, lambda n: ir.detach(n, self.origin(expr)), expr)
+            if attr in ("T", "mT", "real"):
+                return base
+            return Unknown(_code(expr), (attr,))
+        if isinstance(base, Unknown):
+            names = (*base.names, attr)
+            stored = base.stored or (not base.call and _is_container_chain(base.names))
+            module = f"{base.module}.{attr}" if base.module else None
+            unknown = Unknown(_code(expr), names, base.call, stored, base.reference_model, base.logprob_op, base.detached or attr == "data", module)
+            default = self.config_default(base, attr)
+            return default if default is not None else unknown
+        if isinstance(base, FuncRef) or isinstance(base, Py):
+            return Unknown(_code(expr), (attr,))
+        return Unknown(_code(expr), (attr,))
+
+    def config_default(self, base: Unknown, attr: str) -> Py | None:
+        """``self.config.kl_loss_type`` and the like: the one default the
+        project gives that setting, if there is exactly one."""
+        if base.call or base.module is not None:
+            return None
+        if not any(w in _CONFIG_WORDS for n in base.names for w in roles.words(n)):
+            return None
+        defaults = self.context.project.config_defaults(self.context.fs_path, attr)
+        values = {repr(d.value) for d in defaults}
+        if len(values) != 1:
+            return None
+        sources = sorted({d.source for d in defaults})
+        return Py(defaults[0].value, source="; ".join(sources[:2]) + (" ..." if len(sources) > 2 else ""))
+
+    def eval_subscript(self, expr: cst.Subscript) -> Value:
+        base = self.eval(expr.value)
+        key_value: Value | None = None
+        if len(expr.slice) == 1 and isinstance(expr.slice[0].slice, cst.Index):
+            key_value = self.eval(expr.slice[0].slice.value)
+        if isinstance(base, DictVal) and isinstance(key_value, Py) and isinstance(key_value.value, str):
+            return base.items.get(key_value.value, Unknown(_code(expr), (key_value.value,)))
+        if isinstance(base, Seq):
+            if isinstance(key_value, ir.Const) and float(key_value.value).is_integer():
+                index = int(key_value.value)
+                if -len(base.items) <= index < len(base.items):
+                    return base.items[index]
+            if isinstance(key_value, Py) and isinstance(key_value.value, int) and not isinstance(key_value.value, bool):
+                index = key_value.value
+                if -len(base.items) <= index < len(base.items):
+                    return base.items[index]
+            if key_value is not None:
+                label = _code(expr.slice[0].slice)
+                return _choice([(f"{label} == {i}", item) for i, item in enumerate(base.items)])
+            return Unknown(_code(expr), ("slice",))
+        if isinstance(base, Unknown):
+            key = key_value.value if isinstance(key_value, Py) and isinstance(key_value.value, str) else None
+            names = (*base.names, key) if key else base.names
+            stored = base.stored or (not base.call and (_is_container_chain(base.names) or key is not None))
+            return Unknown(_code(expr), names, base.call, stored, base.reference_model, base.logprob_op, base.detached)
+        if isinstance(base, (ir.Node, Choice, Flipped)):
+            return base  # slicing a tensor keeps what it is
+        return Unknown(_code(expr), ("subscript",))
+
+    # ----------------------------------------------------------------- conditions
+
+    def truth(self, expr: cst.BaseExpression) -> bool | None:
+        if isinstance(expr, cst.BooleanOperation):
+            left, right = self.truth(expr.left), self.truth(expr.right)
+            if isinstance(expr.operator, cst.And):
+                if left is False or right is False:
+                    return False
+                return True if left is True and right is True else None
+            if left is True or right is True:
+                return True
+            return False if left is False and right is False else None
+        if isinstance(expr, cst.UnaryOperation) and isinstance(expr.operator, cst.Not):
+            inner = self.truth(expr.expression)
+            return None if inner is None else not inner
+        if isinstance(expr, cst.Comparison):
+            left = self.eval(expr.left)
+            result: bool | None = True
+            for target in expr.comparisons:
+                right = self.eval(target.comparator)
+                outcome = _compare(target.operator, left, right)
+                if outcome is None:
+                    return None
+                for side in (left, right):
+                    if isinstance(side, Py) and side.source and self.call_site is not None:
+                        note = f"{_code(expr.left)} = {side.value!r} (the default in {side.source})"
+                        if note not in self.call_site.notes:
+                            self.call_site.notes.append(note)
+                result = result and outcome
+                left = right
+            return result
+        value = self.eval(expr)
+        if isinstance(value, Py):
+            return bool(value.value)
+        if isinstance(value, ir.Const):
+            return bool(value.value)
+        return None
+
+    # ----------------------------------------------------------------- arithmetic
+
+    def binary(self, op: str, left: Value, right: Value, node: cst.CSTNode) -> Value:
+        if isinstance(left, Py) and isinstance(right, Py) and op == "add":
+            if isinstance(left.value, str) and isinstance(right.value, str):
+                return Py(left.value + right.value)
+        return self.lift2(left, right, lambda a, b: ir.binary(op, a, b, self.origin(node)), node)
+
+    def lift1(self, value: Value, fn: Callable[[ir.Node], ir.Node], node: cst.CSTNode) -> Value:
+        if isinstance(value, Choice):
+            return _choice([(label, self.lift1(v, fn, node)) for label, v in value.options])
+        if isinstance(value, Flipped):
+            return Flipped(fn(value.node))  # elementwise ops commute with a flip
+        return fn(self.as_node(value, node))
+
+    def lift2(self, left: Value, right: Value, fn: Callable[[ir.Node, ir.Node], ir.Node], node: cst.CSTNode) -> Value:
+        if isinstance(left, Choice) or isinstance(right, Choice):
+            lefts = left.options if isinstance(left, Choice) else [("", left)]
+            rights = right.options if isinstance(right, Choice) else [("", right)]
+            combos = list(itertools.islice(itertools.product(lefts, rights), MAX_OPTIONS))
+            return _choice([(_join(la, lb), self.lift2(a, b, fn, node)) for (la, a), (lb, b) in combos])
+        if isinstance(left, Flipped) and isinstance(right, Flipped):
+            return Flipped(fn(left.node, right.node))
+        if isinstance(left, Flipped) or isinstance(right, Flipped):
+            other = right if isinstance(left, Flipped) else left
+            other_node = self.as_node(other, node)
+            if not any(isinstance(a, ir.Atom) and a.role in (Role.POLICY_LOGP, Role.REFERENCE_LOGP, Role.OLD_LOGP, Role.ADVANTAGE) for a in other_node.atoms()):
+                flipped = left.node if isinstance(left, Flipped) else right.node  # type: ignore[union-attr]
+                return Flipped(fn(flipped, other_node) if isinstance(left, Flipped) else fn(other_node, flipped))
+            return ir.Opaque("flipped tensor mixed with an unflipped one")
+        return fn(self.as_node(left, node), self.as_node(right, node))
+
+    # ----------------------------------------------------------------- calls
+
+    def eval_call(self, call: cst.Call) -> Value:
+        func = call.func
+        args = [a for a in call.args if a.keyword is None and a.star == ""]
+        kwargs = {a.keyword.value: a.value for a in call.args if a.keyword is not None}
+        if isinstance(func, cst.Attribute):
+            method = func.attr.value
+            if method in ("backward", "manual_backward"):
+                target = args[0].value if args else func.value
+                value = self.eval(target)
+                self.add_sink(value, f"`{_code(call)}`" if len(_code(call)) < 60 else f"`.{method}()`", True, call)
+                return Py(None)
+            receiver = self.eval(func.value)
+            if isinstance(receiver, Unknown) and receiver.module is not None:
+                return self.call_module_function(receiver.module, method, call, args, kwargs)
+            if isinstance(receiver, (ir.Node, Choice, Flipped)) and not isinstance(receiver, ir.Opaque):
+                return self.tensor_op(method, receiver, [self.eval(a.value) for a in args], {k: self.eval(v) for k, v in kwargs.items()}, call)
+            if isinstance(receiver, Unknown) and receiver.names and receiver.names[0] == "self" and len(receiver.names) == 1:
+                if self.cls is not None and method in self.cls.methods:
+                    return self.inline(FuncRef(self.cls.methods[method], self.module, self.cls, bound=True), call)
+            if isinstance(receiver, Unknown):
+                if method in _TENSOR_IDENTITY or method in _UNARY or method in _DETACHING or method in ("sum", "mean", "clamp", "exp"):
+                    node = self.resolve(receiver)
+                    if isinstance(node, ir.Node) and not isinstance(node, ir.Opaque):
+                        return self.tensor_op(method, node, [self.eval(a.value) for a in args], {k: self.eval(v) for k, v in kwargs.items()}, call)
+                    if method in _DETACHING:
+                        return Unknown(_code(call), receiver.names, receiver.call, receiver.stored, receiver.reference_model, receiver.logprob_op, True)
+                    if method in _TENSOR_IDENTITY:
+                        return receiver
+                return self.unknown_call(call, method, receiver, args)
+            return Unknown(_code(call), (method,), call=True)
+        callee = self.eval(func)
+        if isinstance(callee, FuncRef):
+            return self.inline(callee, call)
+        if isinstance(callee, Unknown):
+            if callee.module is not None:
+                module, _, name = callee.module.rpartition(".")
+                return self.call_module_function(module, name, call, args, kwargs)
+            name = callee.names[-1] if callee.names else callee.text
+            if name in ("float", "int") and args:
+                return self.eval(args[0].value)
+            return self.named_call(name, call, args, kwargs, callee)
+        return Unknown(_code(call), ("call",), call=True)
+
+    def call_module_function(self, module: str, name: str, call: cst.Call, args: list[cst.Arg], kwargs: dict[str, cst.BaseExpression]) -> Value:
+        root = module.split(".")[0]
+        if root in ("torch", "numpy", "np", "math", "jax", "scipy") or module.startswith("torch"):
+            if root != "torch":
+                return Unknown(_code(call), (name,), call=True)  # no autograd through numpy & co.
+            if name in ("kl_div", "kl_divergence", "cross_entropy", "nll_loss", "mse_loss", "logsigmoid",
+                        "sigmoid", "softplus", "binary_cross_entropy_with_logits", "where", "cat", "min", "max", "maximum", "minimum"):
+                return ir.Opaque(f"torch.{name}")
+            arg_values = [self.eval(a.value) for a in args]
+            kw_values = {k: self.eval(v) for k, v in kwargs.items()}
+            if name == "stack" and arg_values and isinstance(arg_values[0], Seq):
+                return arg_values[0]
+            if name in ("zeros_like", "zeros"):
+                return ir.Const(0.0, origin=self.origin(call))
+            if name in ("ones_like", "ones"):
+                return ir.Const(1.0, origin=self.origin(call))
+            if name in ("tensor", "as_tensor", "scalar_tensor") and arg_values and isinstance(arg_values[0], ir.Const):
+                return arg_values[0]
+            if name in _LOGPROB_OPS or name == "log_softmax":
+                return self.logprob_call(call, name, args)
+            if arg_values:
+                return self.tensor_op(name, arg_values[0], arg_values[1:], kw_values, call)
+            return Unknown(_code(call), (name,), call=True)
+        imported = self.context.project.resolve_module(module, self.module.path)
+        if imported is None:
+            # ``from pkg.mod import fn`` where fn is a submodule attribute or unresolved
+            return self.named_call(name, call, args, kwargs, None)
+        if name in imported.functions:
+            return self.inline(FuncRef(imported.functions[name], imported), call)
+        if name in imported.imports:
+            target = imported.imports[name]
+            if target.name is not None:
+                resolved = self.context.project.resolve_module(target.module, imported.path, target.level)
+                if resolved is not None and target.name in resolved.functions:
+                    return self.inline(FuncRef(resolved.functions[target.name], resolved), call)
+        return self.named_call(name, call, args, kwargs, None)
+
+    def named_call(self, name: str, call: cst.Call, args: list[cst.Arg], kwargs: dict[str, cst.BaseExpression], callee: Unknown | None) -> Value:
+        if name in _AGGREGATORS and args:
+            values = [self.eval(a.value) for a in args]
+            kw = {k: self.eval(v) for k, v in kwargs.items()}
+            mask = values[1] if len(values) > 1 else kw.get("mask", kw.get("loss_mask"))
+            dim = values[2] if len(values) > 2 else kw.get("dim", kw.get("axis"))
+            axis = _axis(dim)
+            kind = "sum" if "sum" in name else "mean"
+            origin = self.origin(call)
+            mask_node = self.as_node(mask, call) if mask is not None else None
+            return self.lift1(values[0], lambda n: ir.Reduce(kind, axis, n, mask_node, origin=origin), call)
+        if roles.is_logprob_name(name) or name in _LOGPROB_OPS or "log_softmax" in name:
+            return self.logprob_call(call, name, args)
+        return Unknown(_code(call), (name,), call=True, reference_model=self._reference_args(call))
+
+    def _reference_args(self, call: cst.Call) -> bool:
+        names = [n for a in call.args for n in _chain_names(a.value)]
+        func_names = _chain_names(call.func)
+        return self.context.role_patterns.is_reference_model(names + func_names)
+
+    def logprob_call(self, call: cst.Call, name: str, args: list[cst.Arg]) -> Value:
+        hints = [n for a in args[:1] for n in _chain_names(a.value)]
+        return Unknown(_code(call), (name, *hints), call=True, reference_model=self._reference_args(call), logprob_op=True)
+
+    def unknown_call(self, call: cst.Call, method: str, receiver: Unknown, args: list[cst.Arg]) -> Value:
+        if method == "log_prob":
+            return Unknown(_code(call), (*receiver.names, "log_prob"), call=True, reference_model=self.context.role_patterns.is_reference_model(receiver.names), logprob_op=True, stored=False)
+        if method in _AGGREGATORS:
+            return self.named_call(method, call, args, {a.keyword.value: a.value for a in call.args if a.keyword is not None}, None)
+        if roles.is_logprob_name(method) or method in _LOGPROB_OPS:
+            return self.logprob_call(call, method, args)
+        return Unknown(
+            _code(call), (*receiver.names, method), call=True,
+            reference_model=self._reference_args(call) or self.context.role_patterns.is_reference_model(receiver.names),
+        )
+
+    def inline(self, ref: FuncRef, call: cst.Call) -> Value:
+        key = id(ref.node)
+        if self.depth >= MAX_DEPTH or key in self.stack:
+            return Unknown(_code(call), (ref.node.name.value,), call=True)
+        bound: dict[str, Value] = {}
+        params = ref.node.params
+        positional = [*params.posonly_params, *params.params]
+        if ref.bound and positional and positional[0].name.value in ("self", "cls"):
+            bound[positional[0].name.value] = Unknown("self", ("self",))
+            positional = positional[1:]
+        elif ref.cls is not None and positional and positional[0].name.value in ("self", "cls"):
+            positional = positional[1:]
+        index = 0
+        for arg in call.args:
+            if arg.star:
+                return Unknown(_code(call), (ref.node.name.value,), call=True)
+            value = self.eval(arg.value)
+            if arg.keyword is not None:
+                bound[arg.keyword.value] = value
+            elif index < len(positional):
+                bound[positional[index].name.value] = value
+                index += 1
+        site = self.call_site or self.origin(call)
+        if self.call_site is None:
+            site = ir.Origin(self.context.path, code="", helper=_helper_label(ref, self.context), cst_node=call)
+        callee = Interpreter(
+            self.context, ref.module, ref.cls, depth=self.depth + 1, call_site=site,
+            stack=(*self.stack, key), function_name=ref.node.name.value,
+        )
+        # Parameters the caller did not pass take their defaults, evaluated in
+        # the callee's module: that is how a keyword default picks a branch.
+        result = callee.run_function(ref.node, bound, no_grad=self.no_grad)
+        if result is None:
+            return Py(None)
+        return result
+
+    # ----------------------------------------------------------------- tensor operations
+
+    def tensor_op(self, name: str, receiver: Value, args: list[Value], kwargs: dict[str, Value], call: cst.Call) -> Value:
+        origin = self.origin(call)
+        if name in _TENSOR_IDENTITY:
+            return receiver
+        if name in _DETACHING:
+            return self.lift1(receiver, lambda n: ir.detach(n, origin), call)
+        if name in _UNARY:
+            op = _UNARY[name]
+            return self.lift1(receiver, lambda n: ir.neg(n, origin) if op == "neg" else ir.Unary(op, n, origin=origin), call)
+        if name in _BINARY_METHODS:
+            other = args[0] if args else kwargs.get("other", kwargs.get("exponent", Py(None)))
+            return self.binary(_BINARY_METHODS[name], receiver, other, call)
+        if name in ("clamp", "clip", "clamp_min", "clamp_max", "clip_"):
+            low = kwargs.get("min", args[0] if args else None)
+            high = kwargs.get("max", args[1] if len(args) > 1 else None)
+            if name == "clamp_max":
+                low, high = None, low
+            lo, hi = _float(low), _float(high)
+            return self.lift1(receiver, lambda n: ir.Clamp(n, lo, hi, origin=origin), call)
+        if name in ("sum", "mean", "nansum", "nanmean"):
+            dim = kwargs.get("dim", kwargs.get("axis", args[0] if args else None))
+            kind = "sum" if "sum" in name else "mean"
+            axis = _axis(dim)
+            if isinstance(receiver, Flipped):
+                receiver = receiver.node if axis is not Axis.BATCH else receiver
+            return self.lift1(receiver, lambda n: ir.Reduce(kind, axis, n, origin=origin), call)
+        if name == "cumsum":
+            if isinstance(receiver, Flipped):
+                return Flipped(ir.CumSum(receiver.node, reverse=True, origin=origin))
+            return self.lift1(receiver, lambda n: ir.CumSum(n, reverse=False, origin=origin), call)
+        if name in ("flip", "fliplr"):
+            if isinstance(receiver, Flipped):
+                return receiver.node
+            if isinstance(receiver, ir.Node):
+                return Flipped(receiver)
+            return ir.Opaque("flip")
+        if name in ("log_softmax", "softmax"):
+            return ir.Opaque(name)
+        if name in ("item",):
+            return self.lift1(receiver, lambda n: ir.detach(n, origin), call)
+        return ir.Opaque(f".{name}()")
+
+
+# --------------------------------------------------------------------- helpers
+
+_BINOPS = {"Add": "add", "Subtract": "sub", "Multiply": "mul", "Divide": "div", "Power": "pow"}
+_CONFIG_WORDS = frozenset({"config", "cfg", "args", "opt", "opts", "hparams", "params", "conf", "settings", "options", "training", "hyperparams"})
+
+
+def _compare(operator: cst.BaseCompOp, left: Value, right: Value) -> bool | None:
+    def literal(v: Value) -> tuple[bool, object]:
+        if isinstance(v, Py):
+            return True, v.value
+        if isinstance(v, ir.Const):
+            return True, v.value
+        if isinstance(v, Seq):
+            items = [literal(i) for i in v.items]
+            if all(ok for ok, _ in items):
+                return True, tuple(x for _, x in items)
+        return False, None
+
+    lok, lv = literal(left)
+    rok, rv = literal(right)
+    if not (lok and rok):
+        return None
+    try:
+        if isinstance(operator, cst.Equal):
+            return bool(lv == rv)
+        if isinstance(operator, cst.NotEqual):
+            return bool(lv != rv)
+        if isinstance(operator, cst.In):
+            return bool(lv in rv)  # type: ignore[operator]
+        if isinstance(operator, cst.NotIn):
+            return bool(lv not in rv)  # type: ignore[operator]
+        if isinstance(operator, cst.Is):
+            return lv is rv if rv is None or isinstance(rv, bool) else None
+        if isinstance(operator, cst.IsNot):
+            return lv is not rv if rv is None or isinstance(rv, bool) else None
+        if isinstance(operator, cst.GreaterThan):
+            return bool(lv > rv)  # type: ignore[operator]
+        if isinstance(operator, cst.LessThan):
+            return bool(lv < rv)  # type: ignore[operator]
+        if isinstance(operator, cst.GreaterThanEqual):
+            return bool(lv >= rv)  # type: ignore[operator]
+        if isinstance(operator, cst.LessThanEqual):
+            return bool(lv <= rv)  # type: ignore[operator]
+    except TypeError:
+        return None
+    return None
+
+
+def _axis(dim: Value | None) -> Axis:
+    if dim is None or (isinstance(dim, Py) and dim.value is None):
+        return Axis.ALL
+    value: object = dim.value if isinstance(dim, (Py, ir.Const)) else None
+    if isinstance(dim, Seq):
+        return Axis.ALL
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return Axis.BATCH if int(value) == 0 else Axis.TIME
+    return Axis.TIME
+
+
+def _float(value: Value | None) -> float | None:
+    if isinstance(value, ir.Const):
+        return value.value
+    if isinstance(value, Py) and isinstance(value.value, (int, float)) and not isinstance(value.value, bool):
+        return float(value.value)
+    return None
+
+
+def _choice(options: list[tuple[str, Value]]) -> Value:
+    flat: list[tuple[str, Value]] = []
+    for label, value in options:
+        if isinstance(value, Choice):
+            flat.extend((_join(label, inner_label), inner) for inner_label, inner in value.options)
+        else:
+            flat.append((label, value))
+    flat = flat[:MAX_OPTIONS]
+    if len(flat) == 1:
+        return flat[0][1]
+    if all(value is flat[0][1] for _, value in flat):
+        return flat[0][1]
+    return Choice(flat)
+
+
+def _join(a: str, b: str) -> str:
+    return " and ".join(x for x in (a, b) if x)
+
+
+def _merge(then_env: dict[str, Value], else_env: dict[str, Value], label: str) -> dict[str, Value]:
+    merged: dict[str, Value] = {}
+    for name in then_env.keys() | else_env.keys():
+        a, b = then_env.get(name), else_env.get(name)
+        if a is None or b is None or a is b:
+            merged[name] = a if a is not None else b  # type: ignore[assignment]
+        elif isinstance(a, DictVal) and isinstance(b, DictVal):
+            merged[name] = a
+        else:
+            merged[name] = _choice([(label, a), (f"not ({label})", b)])
+    return merged
+
+
+def _decorated_no_grad(fn: cst.FunctionDef) -> bool:
+    for decorator in fn.decorators:
+        expr = decorator.decorator
+        name = dotted_name(expr.func) if isinstance(expr, cst.Call) else dotted_name(expr)
+        if name is not None and name.split(".")[-1] in _NO_GRAD:
+            return True
+    return False
+
+
+def _is_container_chain(names: tuple[str, ...]) -> bool:
+    return any(w in roles.CONTAINER_WORDS for n in names for w in roles.words(n))
+
+
+def _chain_names(expr: cst.BaseExpression) -> list[str]:
+    if isinstance(expr, cst.Name):
+        return [expr.value]
+    if isinstance(expr, cst.Attribute):
+        return [*_chain_names(expr.value), expr.attr.value]
+    if isinstance(expr, cst.Subscript):
+        key = _string_key(expr)
+        return [*_chain_names(expr.value), *([key] if key else [])]
+    if isinstance(expr, cst.Call):
+        return _chain_names(expr.func)
+    return []
+
+
+def _string_key(expr: cst.Subscript) -> str | None:
+    if len(expr.slice) == 1 and isinstance(expr.slice[0].slice, cst.Index):
+        inner = expr.slice[0].slice.value
+        if isinstance(inner, cst.SimpleString):
+            value = inner.evaluated_value
+            return value if isinstance(value, str) else None
+    return None
+
+
+def _helper_label(ref: FuncRef, context: FileContext) -> str:
+    path = ref.module.path
+    try:
+        shown = path.relative_to(Path.cwd()).as_posix()
+    except ValueError:
+        shown = path.as_posix()
+    text = ref.module.module.code
+    name = ref.node.name.value
+    line = 0
+    for number, source_line in enumerate(text.splitlines(), 1):
+        if source_line.lstrip().startswith(f"def {name}("):
+            line = number
+            break
+    return f"`{name}` ({shown}:{line})" if line else f"`{name}` ({shown})"
+
+
+_EMPTY_MODULE = cst.Module(body=[])
+
+
+def _code(node: cst.CSTNode) -> str:
+    try:
+        text = _EMPTY_MODULE.code_for_node(node)
+    except Exception:  # pragma: no cover - code generation of a partial node
+        return type(node).__name__
+    return " ".join(text.split())
+
+
+def iter_functions(module: ModuleInfo) -> Iterator[tuple[cst.FunctionDef, ClassInfo | None]]:
+    """Every function and method of a module, nested ones included."""
+
+    def nested(fn: cst.FunctionDef, cls: ClassInfo | None) -> Iterator[tuple[cst.FunctionDef, ClassInfo | None]]:
+        yield fn, cls
+        for child in _walk_defs(fn.body):
+            yield from nested(child, cls)
+
+    for fn in module.functions.values():
+        yield from nested(fn, None)
+    for cls in module.classes.values():
+        for method in cls.methods.values():
+            yield from nested(method, cls)
+
+
+def _walk_defs(body: cst.BaseSuite) -> Iterator[cst.FunctionDef]:
+    if not isinstance(body, cst.IndentedBlock):
+        return
+    for statement in body.body:
+        if isinstance(statement, cst.FunctionDef):
+            yield statement
+        elif isinstance(statement, (cst.If, cst.For, cst.While, cst.With, cst.Try)):
+            yield from _walk_defs(statement.body)

@@ -1,0 +1,90 @@
+"""Module facts: what one parsed file defines and imports. Built once per
+file with a shallow walk of the top level (no metadata providers)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import libcst as cst
+
+
+@dataclass(frozen=True)
+class ImportedName:
+    module: str  # dotted module, without the leading dots
+    name: str | None  # the attribute imported from it, None for ``import module``
+    level: int = 0  # leading dots of a relative import
+
+
+@dataclass
+class ClassInfo:
+    node: cst.ClassDef
+    methods: dict[str, cst.FunctionDef] = field(default_factory=dict)
+    bases: list[str] = field(default_factory=list)
+
+
+class ModuleInfo:
+    def __init__(self, path: Path, module: cst.Module) -> None:
+        self.path = path
+        self.module = module
+        self.functions: dict[str, cst.FunctionDef] = {}
+        self.classes: dict[str, ClassInfo] = {}
+        self.imports: dict[str, ImportedName] = {}
+        self.constants: dict[str, cst.BaseExpression] = {}
+        self._collect(module.body)
+
+    def _collect(self, body: object) -> None:
+        for statement in body:  # type: ignore[attr-defined]
+            if isinstance(statement, cst.FunctionDef):
+                self.functions[statement.name.value] = statement
+            elif isinstance(statement, cst.ClassDef):
+                info = ClassInfo(
+                    statement, bases=[dotted_name(a.value) or "" for a in statement.bases]
+                )
+                for item in statement.body.body:
+                    if isinstance(item, cst.FunctionDef):
+                        info.methods[item.name.value] = item
+                self.classes[statement.name.value] = info
+            elif isinstance(statement, cst.If):
+                # ``if TYPE_CHECKING:`` / version switches: take what both branches define.
+                self._collect(statement.body.body)
+                if isinstance(statement.orelse, cst.Else):
+                    self._collect(statement.orelse.body.body)
+            elif isinstance(statement, cst.Try):
+                self._collect(statement.body.body)
+            elif isinstance(statement, cst.SimpleStatementLine):
+                for small in statement.body:
+                    self._collect_small(small)
+
+    def _collect_small(self, small: cst.BaseSmallStatement) -> None:
+        if isinstance(small, cst.Import):
+            for alias in small.names:
+                dotted = dotted_name(alias.name) or ""
+                if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
+                    self.imports[alias.asname.name.value] = ImportedName(dotted, None)
+                else:
+                    head = dotted.split(".")[0]
+                    self.imports[head] = ImportedName(head, None)
+        elif isinstance(small, cst.ImportFrom) and not isinstance(small.names, cst.ImportStar):
+            module = dotted_name(small.module) if small.module is not None else ""
+            level = len(small.relative)
+            for alias in small.names:
+                name = dotted_name(alias.name) or ""
+                local = name
+                if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
+                    local = alias.asname.name.value
+                self.imports[local] = ImportedName(module or "", name, level)
+        elif isinstance(small, cst.Assign) and len(small.targets) == 1:
+            target = small.targets[0].target
+            if isinstance(target, cst.Name):
+                self.constants[target.value] = small.value
+
+
+def dotted_name(node: cst.CSTNode | None) -> str | None:
+    """``a.b.c`` for a Name/Attribute chain, else None."""
+    if isinstance(node, cst.Name):
+        return node.value
+    if isinstance(node, cst.Attribute):
+        base = dotted_name(node.value)
+        return f"{base}.{node.attr.value}" if base is not None else None
+    return None

@@ -1,0 +1,75 @@
+"""What every rule shares: turning a KL site into a finding."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from kllint.analysis.sites import KLSite
+from kllint.findings import Finding
+from kllint.rules import RULES
+
+
+@dataclass(frozen=True)
+class Rule:
+    code: str
+    applies: Callable[[KLSite], bool]
+    message: Callable[[KLSite], str]
+    fix_title: str
+
+    def check(self, site: KLSite) -> Finding | None:
+        if not self.applies(site):
+            return None
+        info = RULES[self.code]
+        origin = site.origin
+        return Finding(
+            code=self.code,
+            name=info.name,
+            path=origin.path,
+            line=origin.line,
+            column=origin.column,
+            end_line=origin.end_line,
+            end_column=origin.end_column,
+            message=self.message(site),
+            severity=info.severity,
+            fix_title=self.fix_title,
+            facts=facts(site),
+            site=site,
+        )
+
+
+def facts(site: KLSite) -> dict[str, object]:
+    p = site.profile
+    return {
+        "estimator": site.estimator,
+        "expression": site.origin.code,
+        "policy": site.policy_names,
+        "reference": site.reference_names,
+        "behaviour": site.old_names,
+        "sink": site.sink,
+        "level": "token" if p.token_level else "sequence",
+        "gradient": {
+            "one_token": p.direction.value,
+            "scale": p.scale,
+            "sequence_credit": p.credit.value,
+        },
+        "branch": site.branch or None,
+        "helper": site.origin.helper,
+        "importance_weighted": site.importance_weighted,
+    }
+
+
+def names(values: list[str]) -> str:
+    return ", ".join(f"`{v}`" for v in values) if values else "?"
+
+
+def where(site: KLSite) -> str:
+    """The shared middle of every message: estimator, roles, sink, branch."""
+    parts = [f"with gradient through {names(site.policy_names)} (policy)" if site.policy_names else "with no policy log-prob"]
+    parts.append(f"against {names(site.reference_names)} (reference)")
+    text = " ".join(parts) + f", reaching the loss via {site.sink}"
+    if site.origin.helper:
+        text += f"; computed in {site.origin.helper}"
+    if site.branch:
+        text += f" when {site.branch}"
+    return text

@@ -1,0 +1,32 @@
+"""KL005 kl-loss-without-gradient.
+
+A KL term that reaches ``.backward()`` or a loss function's return value but
+was computed under ``torch.no_grad()``, ``.detach()``-ed, or from stored
+rollout log-probs has no gradient path to the policy: adding it to the loss
+changes the logged number and nothing else.
+"""
+
+from __future__ import annotations
+
+from kllint.analysis.gradient import Direction
+from kllint.analysis.sites import KLSite
+from kllint.rules.base import Rule, where
+
+
+def applies(site: KLSite) -> bool:
+    return site.profile.direction is Direction.NONE and site.strong_sink and site.profile.credit.value == "none"
+
+
+def message(site: KLSite) -> str:
+    return (
+        f"{site.estimator} term reaches the loss without a gradient path to the policy, {where(site)}: "
+        "it was computed under no_grad, detached, or from stored log-probs, so grad = 0 and the KL is not regularised"
+    )
+
+
+RULE = Rule(
+    code="KL005",
+    applies=applies,
+    message=message,
+    fix_title="Compute the policy log-probs of the KL term with gradient (outside torch.no_grad(), without .detach())",
+)
