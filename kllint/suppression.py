@@ -19,8 +19,10 @@ from collections.abc import Mapping
 
 from kllint.findings import Finding
 
-_NOQA = re.compile(r"#\s*noqa\b(?::\s*(?P<codes>[\w-]+(?:[\s,]+[\w-]+)*))?", re.IGNORECASE)
-_KLLINT_IGNORE = re.compile(r"#\s*kllint:\s*ignore\b(?:\[(?P<codes>[^\]]*)\])?", re.IGNORECASE)
+_NOQA = re.compile(r"#\s*noqa(?![\w-])(?::\s*(?P<codes>[\w-]+(?:[\s,]+[\w-]+)*))?", re.IGNORECASE)
+_KLLINT_IGNORE = re.compile(
+    r"#\s*kllint:\s*ignore(?![\w-])(?:\[(?P<codes>[^\]]*)\])?", re.IGNORECASE
+)
 
 # line -> the upper-cased codes and names silenced there; ``None``: everything.
 Suppressions = Mapping[int, "frozenset[str] | None"]

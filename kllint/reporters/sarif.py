@@ -39,7 +39,9 @@ def render(result: LintResult) -> str:
             }
         },
         "columnKind": "utf16CodeUnits",
-        "results": [_result(f, result, root, seen) for f in result.findings],
+        "results": [
+            _result(f, result, root, seen) for f in sorted(result.findings, key=Finding.sort_key)
+        ],
         "invocations": [
             {
                 "executionSuccessful": result.internal_errors == 0,

@@ -16,7 +16,7 @@ def render_full(result: LintResult, *, color: bool = False) -> str:
     blocks = []
     for entry in entries(result):
         if isinstance(entry, FileError):
-            blocks.append(_file_error(entry, color))
+            blocks.append(_file_error(entry, color) + "\n")
             continue
         lines = [_headline(entry, color)]
         text = source_line(result, entry.path, entry.line)

@@ -1,0 +1,256 @@
+"""The ``kllint`` command as a user runs it: output and exit status."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+from fake_analysis import flag_markers
+
+from kllint.cli import main
+from kllint.findings import Finding
+from kllint.rules import RULES
+
+K3_LOSS = "def loss_fn(logp, ref_logp):\n    return low_var_kl(logp, ref_logp).mean()\n"
+CLEAN = "def loss_fn(logp, ref_logp):\n    return (logp - ref_logp).pow(2).mean() / 2\n"
+
+
+@pytest.fixture(autouse=True)
+def _project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("kllint.engine.check_source", flag_markers)
+
+
+def kllint(*args: str) -> Result:
+    return CliRunner().invoke(main, list(args))
+
+
+def write(path: str, text: str) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(text)
+
+
+def test_clean_code_exits_0() -> None:
+    write("ppo.py", CLEAN)
+    result = kllint("ppo.py")
+    assert result.exit_code == 0
+    assert result.output == "All checks passed!\n"
+
+
+def test_findings_exit_1() -> None:
+    write("grpo.py", K3_LOSS)
+    result = kllint("grpo.py")
+    assert result.exit_code == 1
+    assert "grpo.py:2:12: KL002 [differentiated-k3-estimate]" in result.output
+    assert "Found 1 finding (KL002: 1)." in result.output
+
+
+def test_exit_zero_reports_but_exits_0() -> None:
+    write("grpo.py", K3_LOSS)
+    result = kllint("--exit-zero", "grpo.py")
+    assert result.exit_code == 0
+    assert "KL002" in result.output
+
+
+def test_default_path_is_the_working_directory() -> None:
+    write("rl/grpo.py", K3_LOSS)
+    result = kllint("--format", "concise")
+    assert result.output.startswith("rl/grpo.py:2:12: KL002")
+
+
+def test_paths_under_the_working_directory_are_shown_relative(tmp_path: Path) -> None:
+    write("rl/grpo.py", K3_LOSS)
+    result = kllint("--format", "concise", str(tmp_path / "rl"))
+    assert result.output.startswith("rl/grpo.py:2:12: KL002")
+
+
+def test_syntax_error_is_reported_and_other_files_still_linted() -> None:
+    write("broken.py", "def loss_fn(logp:\n    return logp\n")
+    write("grpo.py", K3_LOSS)
+    result = kllint("--format", "concise", ".")
+    assert result.exit_code == 1
+    assert result.output.splitlines() == [
+        "broken.py:1:12: E999 SyntaxError: '(' was never closed",
+        "grpo.py:2:12: KL002 [differentiated-k3-estimate] differentiated-k3-estimate here",
+        "Found 1 finding (KL002: 1). 1 file could not be checked.",
+    ]
+
+
+def test_syntax_error_alone_exits_1_as_in_ruff() -> None:
+    write("broken.py", "loss = (\n")
+    result = kllint("broken.py")
+    assert result.exit_code == 1
+    assert "E999 SyntaxError" in result.output
+
+
+def test_file_that_is_not_utf8_is_reported() -> None:
+    Path("latin1.py").write_bytes(b"# coding: latin-1\nname = '\xe9'\n")
+    result = kllint("latin1.py")
+    assert result.exit_code == 1
+    assert "latin1.py:2:1: E999 UnicodeDecodeError" in result.output
+
+
+def test_missing_path_exits_2_with_a_message_and_no_traceback() -> None:
+    write("grpo.py", K3_LOSS)
+    result = kllint("grpo.py", "missing.py")
+    assert result.exit_code == 2
+    assert result.output == "kllint: error: no such file or directory: missing.py\n"
+
+
+def test_bad_config_key_exits_2() -> None:
+    write("pyproject.toml", '[tool.kllint]\nselct = ["KL002"]\n')
+    write("grpo.py", K3_LOSS)
+    result = kllint("grpo.py")
+    assert result.exit_code == 2
+    assert "pyproject.toml: [tool.kllint]: unknown key 'selct'" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_config_from_an_explicit_file() -> None:
+    write("ci/strict.toml", '[tool.kllint]\nignore = ["KL002"]\n')
+    write("grpo.py", K3_LOSS)
+    assert kllint("--config", "ci/strict.toml", "grpo.py").exit_code == 0
+    assert kllint("--config", "ci/missing.toml", "grpo.py").exit_code == 2
+
+
+@pytest.mark.parametrize(
+    ("args", "codes"),
+    [
+        ([], ["KL001", "KL002", "KL005"]),
+        (["--select", "KL002"], ["KL002"]),
+        (["--select", "KL001,KL005"], ["KL001", "KL005"]),
+        (["--select", "KL001", "--select", "differentiated-k3-estimate"], ["KL001", "KL002"]),
+        (["--ignore", "KL00"], []),
+        (["--ignore", "kl-loss-without-gradient,KL001"], ["KL002"]),
+        (["--select", "KL", "--ignore", "KL002"], ["KL001", "KL005"]),
+    ],
+)
+def test_select_and_ignore(args: list[str], codes: list[str]) -> None:
+    write("losses.py", "a = k1_loss(x)\nb = low_var_kl(x)\nc = kl_no_grad(x)\n")
+    result = kllint("--format", "json", *args, "losses.py")
+    assert [f["code"] for f in json.loads(result.output)] == codes
+
+
+def test_unknown_rule_on_the_command_line_exits_2() -> None:
+    result = kllint("--select", "KL9", ".")
+    assert result.exit_code == 2
+    assert result.output == "kllint: error: --select: unknown rule 'KL9' (see `kllint rules`)\n"
+
+
+def test_unknown_option_is_a_usage_error() -> None:
+    assert kllint("--fromat", "json").exit_code == 2
+
+
+def test_crash_in_the_analysis_exits_2_but_other_files_are_linted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def crash_on_odd(source: str, path: str, project: object, roles: object) -> list[Finding]:
+        if "odd" in path:
+            raise KeyError("reference_logp")
+        return flag_markers(source, path, project, roles)
+
+    monkeypatch.setattr("kllint.engine.check_source", crash_on_odd)
+    write("odd.py", CLEAN)
+    write("grpo.py", K3_LOSS)
+    result = kllint("--exit-zero", "--format", "concise", ".")
+    assert result.exit_code == 2
+    assert "grpo.py:2:12: KL002" in result.output
+    assert "odd.py:1:1: E999 internal error: KeyError: 'reference_logp'" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_no_python_files_is_a_warning_not_an_error() -> None:
+    write("README.md", "# RL\n")
+    result = kllint(".")
+    assert result.exit_code == 0
+    assert "kllint: warning: no Python files found" in result.output
+
+
+def test_rule_prints_the_page(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "book").mkdir()
+    (tmp_path / "book" / "KL002.md").write_text(
+        "# differentiated-k3-estimate (KL002)\n\n## What it does\n"
+    )
+    monkeypatch.setattr("kllint.rulebook.page_dirs", lambda: [tmp_path / "book"])
+    for spelling in ["KL002", "kl002", "differentiated-k3-estimate"]:
+        result = kllint("rule", spelling)
+        assert result.exit_code == 0
+        assert result.output == "# differentiated-k3-estimate (KL002)\n\n## What it does\n"
+
+
+def test_rule_without_a_page_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("kllint.rulebook.page_dirs", lambda: [tmp_path / "nowhere"])
+    result = kllint("rule", "KL002")
+    assert result.exit_code == 0
+    assert RULES["KL002"].summary in result.output
+    assert "The full page for KL002 is missing" in result.output
+
+
+def test_rule_unknown_or_ambiguous_exits_2() -> None:
+    assert kllint("rule", "KL042").output == (
+        "kllint: error: unknown rule 'KL042' (see `kllint rules`)\n"
+    )
+    result = kllint("rule", "KL00")
+    assert result.exit_code == 2
+    assert "matches several rules (KL001, KL002, KL003, KL004, KL005)" in result.output
+
+
+def test_rules_lists_code_name_and_summary() -> None:
+    result = kllint("rules")
+    assert result.exit_code == 0
+    lines = result.output.splitlines()
+    assert [line.split()[:2] for line in lines] == [[r.code, r.name] for r in RULES.values()]
+    assert lines[1].endswith(RULES["KL002"].summary)
+
+
+def test_version() -> None:
+    result = kllint("--version")
+    assert result.exit_code == 0
+    assert result.output.startswith("kllint, version ")
+
+
+def test_confirm_without_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "torch", None)  # makes `import torch` fail
+    write("grpo.py", K3_LOSS)
+    result = kllint("--confirm", "grpo.py")
+    assert result.exit_code == 2
+    assert result.output == "kllint: --confirm needs torch: pip install 'kllint[confirm]'\n"
+
+
+def test_confirm_without_the_harness(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "torch", types.ModuleType("torch"))
+    monkeypatch.setitem(sys.modules, "kllint.harness", None)
+    write("grpo.py", K3_LOSS)
+    result = kllint("--confirm", "grpo.py")
+    assert result.exit_code == 2
+    assert result.output.startswith("kllint: --confirm is not available")
+
+
+def test_confirm_attaches_the_harness_verdict(monkeypatch: pytest.MonkeyPatch) -> None:
+    def confirm_findings(findings: list[Finding]) -> list[Finding]:
+        for f in findings:
+            f.confirmation = {"verdict": "confirmed"}
+        return findings
+
+    harness = types.ModuleType("kllint.harness")
+    harness.confirm_findings = confirm_findings  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "torch", types.ModuleType("torch"))
+    monkeypatch.setitem(sys.modules, "kllint.harness", harness)
+    write("grpo.py", K3_LOSS)
+    result = kllint("--confirm", "--format", "json", "grpo.py")
+    assert result.exit_code == 1
+    assert json.loads(result.output)[0]["confirmation"] == {"verdict": "confirmed"}
+    assert "= confirmation: confirmed" in kllint("--confirm", "grpo.py").output
+
+
+def test_python_dash_m_kllint() -> None:
+    run = subprocess.run(
+        [sys.executable, "-m", "kllint", "rules"], capture_output=True, text=True, check=False
+    )
+    assert run.returncode == 0
+    assert run.stdout.startswith("KL001  differentiated-k1-estimate")

@@ -1,0 +1,88 @@
+"""``# noqa`` and ``# kllint: ignore``: which comments silence which findings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from fake_analysis import finding, flag_markers
+
+from kllint.engine import lint_paths
+from kllint.suppression import is_suppressed, parse_suppressions
+
+
+@pytest.fixture(autouse=True)
+def _fake_analysis(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("kllint.engine.check_source", flag_markers)
+
+
+@pytest.mark.parametrize(
+    "comment",
+    [
+        "# noqa",
+        "# NOQA",
+        "#noqa",
+        "# noqa: KL002",
+        "# noqa:KL002",
+        "# noqa: KL001,KL002",
+        "# noqa: KL001, KL002",
+        "# noqa: differentiated-k3-estimate",
+        "# kllint: ignore",
+        "# kllint: ignore[KL002]",
+        "# kllint: ignore[KL005, differentiated-k3-estimate]",
+        "# type: ignore[attr-defined]  # noqa: KL002",
+    ],
+)
+def test_comment_silences_k3_finding(comment: str) -> None:
+    source = f"kl = low_var_kl(logp, ref_logp)  {comment}\n"
+    assert is_suppressed(finding("KL002", line=1), parse_suppressions(source))
+
+
+@pytest.mark.parametrize(
+    "comment",
+    [
+        "# noqa: KL001",  # another rule
+        "# noqa: E501",  # another tool's code
+        "# noqa: KL",  # prefixes select rules, they do not silence them (as in Ruff)
+        "# kllint: ignore[KL005]",
+        "# noqa-ish remark",
+        "# see the kllint docs",
+    ],
+)
+def test_comment_leaves_k3_finding(comment: str) -> None:
+    source = f"kl = low_var_kl(logp, ref_logp)  {comment}\n"
+    assert not is_suppressed(finding("KL002", line=1), parse_suppressions(source))
+
+
+def test_noqa_inside_a_string_is_not_a_comment() -> None:
+    source = 'label = "kl  # noqa"; kl = low_var_kl(logp, ref_logp)\n'
+    assert parse_suppressions(source) == {}
+
+
+def test_noqa_on_the_last_line_of_a_multiline_finding() -> None:
+    source = "loss = (\n    low_var_kl(logp, ref_logp)\n    .mean()\n)  # noqa: KL002\n"
+    multiline = finding("KL002", line=2, column=5, end_line=4, end_column=2)
+    assert is_suppressed(multiline, parse_suppressions(source))
+
+
+def test_noqa_on_a_middle_line_does_not_count() -> None:
+    source = "loss = (\n    low_var_kl(logp, ref_logp)  # noqa\n    .mean()\n)\n"
+    multiline = finding("KL002", line=1, column=8, end_line=4, end_column=2)
+    assert not is_suppressed(multiline, parse_suppressions(source))
+
+
+def test_comments_before_a_tokenize_error_still_count() -> None:
+    source = "kl = low_var_kl(a, b)  # noqa\nx = (\n"
+    assert parse_suppressions(source) == {1: None}
+
+
+def test_lint_drops_silenced_findings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    Path("train.py").write_text(
+        "a = low_var_kl(logp, ref_logp)\n"
+        "b = low_var_kl(logp, ref_logp)  # noqa: KL002\n"
+        "c = low_var_kl(logp, ref_logp)  # noqa: KL001\n"
+        'd = "# noqa"; e = low_var_kl(logp, ref_logp)\n'
+    )
+    result = lint_paths(["train.py"])
+    assert [f.line for f in result.findings] == [1, 3, 4]
