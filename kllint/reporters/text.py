@@ -72,10 +72,9 @@ def _snippet(f: Finding, text: str, color: bool) -> list[str]:
 
 
 def _confirmation(f: Finding) -> str:
-    details = dict(f.confirmation or {})
-    verdict = details.pop("verdict", "")
-    extra = ", ".join(f"{k}={v}" for k, v in details.items())
-    return f"{verdict} ({extra})" if verdict and extra else str(verdict or extra)
+    # The harness's record is long (per instance, per seed): json has all of it.
+    details = f.confirmation or {}
+    return str(details.get("summary") or details.get("verdict") or "")
 
 
 def _plural(n: int, noun: str) -> str:
