@@ -118,7 +118,7 @@ def check(
         click.echo("kllint: warning: no Python files found", err=True)
     if result.internal_errors:
         click.echo(
-            f"kllint: error: kllint crashed on {result.internal_errors} file(s) (see E999 above); "
+            f"kllint: error: kllint crashed on {result.internal_errors} file(s) (reported as E999); "
             "this is a bug in kllint",
             err=True,
         )
@@ -165,7 +165,10 @@ def _confirm(result: LintResult) -> None:
     confirm_findings: Any = getattr(harness, "confirm_findings", None)
     if confirm_findings is None:
         _fail("--confirm is not available: kllint.harness has no confirm_findings yet")
-    confirmed = confirm_findings(result.findings)
+    try:
+        confirmed = confirm_findings(result.findings)
+    except Exception as err:
+        _fail(f"error: --confirm failed: {type(err).__name__}: {err} (a bug in kllint)")
     if confirmed is not None:  # it may also fill the findings in place
         result.findings = sorted(confirmed, key=Finding.sort_key)
 

@@ -22,8 +22,6 @@ from kllint.suppression import is_suppressed, parse_suppressions
 # command line is linted even when it is one of these.
 SKIPPED_DIRS = frozenset({"__pycache__", "venv", "build", "dist", "node_modules", "site-packages"})
 
-INTERNAL_ERROR = "internal error"
-
 
 class MissingPathError(Exception):
     """A path named on the command line does not exist."""
@@ -130,8 +128,8 @@ def _lint_file(path: Path, settings: Settings, project: Project, result: LintRes
 
 def _syntax_error(shown: str, source: str, err: libcst.ParserSyntaxError) -> FileError:
     # CPython's parser places the error better ("'(' was never closed" at the
-    # bracket, where LibCST points at the end of the file); LibCST's is the
-    # fallback for code this Python cannot parse but LibCST can't either.
+    # bracket, where LibCST points at the end of the file). LibCST's own error
+    # is the fallback, for syntax this Python accepts and LibCST does not.
     try:
         compile(source, shown, "exec", ast.PyCF_ONLY_AST)
     except SyntaxError as py_err:
@@ -146,6 +144,4 @@ def _syntax_error(shown: str, source: str, err: libcst.ParserSyntaxError) -> Fil
 def _internal_error_message(err: Exception) -> str:
     frames = traceback.extract_tb(err.__traceback__)
     where = f" at {Path(frames[-1].filename).name}:{frames[-1].lineno}" if frames else ""
-    return (
-        f"{INTERNAL_ERROR}: {type(err).__name__}: {err}{where} (a bug in kllint; please report it)"
-    )
+    return f"internal error: {type(err).__name__}: {err}{where} (a bug in kllint; please report it)"
