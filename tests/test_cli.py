@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import types
@@ -12,6 +13,7 @@ import pytest
 from click.testing import CliRunner, Result
 from fake_analysis import flag_markers
 
+from kllint import cli as cli_module
 from kllint.cli import main
 from kllint.findings import Finding
 from kllint.rules import RULES
@@ -249,8 +251,13 @@ def test_confirm_attaches_the_harness_verdict(monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_python_dash_m_kllint() -> None:
+    checkout = Path(cli_module.__file__).parents[1]  # importable even when not installed
     run = subprocess.run(
-        [sys.executable, "-m", "kllint", "rules"], capture_output=True, text=True, check=False
+        [sys.executable, "-m", "kllint", "rules"],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ, "PYTHONPATH": str(checkout)},
     )
     assert run.returncode == 0
     assert run.stdout.startswith("KL001  differentiated-k1-estimate")
