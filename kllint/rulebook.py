@@ -33,7 +33,7 @@ def rule_page(code: str) -> str:
         return page
     rule = RULES[code]
     return (
-        f"# {rule.code} ({rule.name})\n\n{rule.summary}\n\n"
+        f"# {rule.code}: {rule.name}\n\n{rule.summary}\n\n"
         f"The full page for {rule.code} is missing from this installation "
         f"(looked for {code}.md in: {', '.join(str(d) for d in page_dirs())}).\n"
     )
