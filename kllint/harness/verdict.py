@@ -1,0 +1,444 @@
+"""Verdicts: how an exact expected gradient compares with the target gradients.
+
+Torch-free: the numbers come from :mod:`kllint.harness.confirm`, the decision
+and its wording live here.
+
+Thresholds, justified by measurement (``tests/test_harness.py`` re-measures
+them on every run). In float64 an estimator that equals a target agrees with
+it to a relative error of ~1e-15 (rounding; the worst seen over every
+canonical estimator, instance and seed is below 1e-13). Distinct targets are far apart: over 3 seeds
+and the three instances the smallest separation, ``||t1 - c t2|| / ||c t2||``
+with the best factor ``c``, is 0.17 (grad KL(pi||pi_ref) against its
+token-level partial on the fixed-length sequences, seed 2; unscaled 0.17); the
+bandit's two targets are 0.79 to 1.05 apart, the sequences' 0.17 to 1.7. So a
+tolerance of 1e-6 sits nine orders of magnitude above rounding and five below
+the nearest wrong answer: no verdict is near a threshold.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+KL = "KL(pi||pi_ref)"
+REVERSE_KL = "KL(pi_ref||pi)"
+PARTIAL_KL = "partial KL(pi||pi_ref)"
+PARTIAL_REVERSE_KL = "partial KL(pi_ref||pi)"
+TARGETS = (KL, REVERSE_KL, PARTIAL_KL, PARTIAL_REVERSE_KL)  # also the order of preference
+
+ZERO_GRADIENT = "zero-gradient"
+CORRECT = "correct"
+WRONG_DIRECTION = "wrong-direction"
+PARTIAL = "partial"
+PARTIAL_WRONG_DIRECTION = "partial-wrong-direction"
+SCALED = "scaled"
+NEGATED = "negated"
+BIASED = "biased"
+UNCONFIRMED = "unconfirmed"
+VERDICTS = (
+    ZERO_GRADIENT,
+    CORRECT,
+    WRONG_DIRECTION,
+    PARTIAL,
+    PARTIAL_WRONG_DIRECTION,
+    SCALED,
+    NEGATED,
+    BIASED,
+    UNCONFIRMED,
+)
+
+# The verdict for an exact match (factor 1) with each target.
+TARGET_VERDICT = {
+    KL: CORRECT,
+    REVERSE_KL: WRONG_DIRECTION,
+    PARTIAL_KL: PARTIAL,
+    PARTIAL_REVERSE_KL: PARTIAL_WRONG_DIRECTION,
+}
+
+TARGET_LABEL = {
+    KL: "grad KL(pi||pi_ref)",
+    REVERSE_KL: "grad KL(pi_ref||pi)",
+    PARTIAL_KL: "token-level partial grad KL(pi||pi_ref)",
+    PARTIAL_REVERSE_KL: "token-level partial grad KL(pi_ref||pi)",
+}
+
+# |E[grad]| below this fraction of the largest target norm is zero: k1 gives
+# ~1e-17 here (sum_y pi(y) grad log pi(y) = grad 1 = 0, up to rounding).
+ZERO_TOLERANCE = 1e-9
+# A target matches when ||g - c t|| / ||c t|| is below this (c the best factor).
+MATCH_TOLERANCE = 1e-6
+# ... and the factor counts as 1 when |c - 1| is below this.
+FACTOR_TOLERANCE = 1e-6
+
+INSTANCE_LABEL = {
+    "bandit": "one action",
+    "sequences": "fixed length",
+    "variable_length": "variable length",
+}
+
+
+@dataclass(frozen=True)
+class TargetMetrics:
+    """How the expected gradient ``g`` compares with one target ``t``."""
+
+    norm: float  # ||t||
+    cosine: float | None  # <g, t> / (||g|| ||t||); None when g = 0
+    factor: float  # best scale c = <g, t> / ||t||^2
+    rel_err: float  # ||g - c t|| / ||c t||: agreement up to the factor (inf when c = 0)
+    rel_err_unscaled: float  # ||g - t|| / ||t||
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "norm": self.norm,
+            "cosine": self.cosine,
+            "factor": self.factor,
+            "rel_err": _finite(self.rel_err),
+            "rel_err_unscaled": self.rel_err_unscaled,
+        }
+
+
+@dataclass(frozen=True)
+class SeedResult:
+    """One instance at one seed."""
+
+    seed: int
+    verdict: str
+    target: str | None
+    factor: float | None
+    grad_norm: float  # ||E[grad]||
+    expected_value: float  # E[term]: what the code would log
+    kl: float  # KL(pi||pi_ref) of the instance, nats
+    reverse_kl: float  # KL(pi_ref||pi)
+    targets: dict[str, TargetMetrics]
+    # E[grad] as an exact linear combination of the targets (residual below
+    # MATCH_TOLERANCE), when it is one: k3 as a reward is
+    # grad KL(pi||pi_ref) - grad KL(pi_ref||pi). None otherwise.
+    combination: dict[str, float] | None = None
+
+    @property
+    def relative_norm(self) -> float:
+        """||E[grad]|| over the largest target norm."""
+        return self.grad_norm / max(m.norm for m in self.targets.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "seed": self.seed,
+            "verdict": self.verdict,
+            "target": self.target,
+            "factor": self.factor,
+            "grad_norm": self.grad_norm,
+            "relative_norm": self.relative_norm,
+            "expected_value": self.expected_value,
+            "kl": self.kl,
+            "reverse_kl": self.reverse_kl,
+            "targets": {name: m.to_dict() for name, m in self.targets.items()},
+            "combination": self.combination,
+        }
+
+
+def classify(
+    grad_norm: float, targets: dict[str, TargetMetrics]
+) -> tuple[str, str | None, float | None]:
+    """``(verdict, target, factor)`` for one instance at one seed."""
+    largest = max(m.norm for m in targets.values())
+    if grad_norm <= ZERO_TOLERANCE * largest:
+        return ZERO_GRADIENT, None, 0.0
+    for name in TARGETS:
+        m = targets.get(name)
+        if m is None or m.rel_err > MATCH_TOLERANCE:
+            continue
+        if abs(m.factor - 1.0) <= FACTOR_TOLERANCE:
+            return TARGET_VERDICT[name], name, 1.0
+        return (SCALED if m.factor > 0 else NEGATED), name, m.factor
+    nearest = min(targets, key=lambda name: targets[name].rel_err)
+    return BIASED, nearest, targets[nearest].factor
+
+
+@dataclass(frozen=True)
+class InstanceResult:
+    """The verdict on one instance, which every seed must agree on."""
+
+    name: str  # "bandit", "sequences", "variable_length"
+    description: str
+    verdict: str
+    target: str | None
+    factor: float | None  # at the first seed; see ``factors``
+    reason: str | None  # why unconfirmed
+    seeds: tuple[SeedResult, ...] = ()
+
+    @property
+    def label(self) -> str:
+        return INSTANCE_LABEL.get(self.name, self.name)
+
+    @property
+    def factors(self) -> tuple[float | None, ...]:
+        return tuple(s.factor for s in self.seeds)
+
+    @property
+    def worst(self) -> SeedResult | None:
+        """The seed nearest to changing the verdict: for a match, the largest
+        relative error; for ``biased``, the smallest distance to the nearest
+        target; for ``zero-gradient``, the largest relative norm."""
+        if not self.seeds:
+            return None
+        if self.verdict == ZERO_GRADIENT:
+            return max(self.seeds, key=lambda s: s.relative_norm)
+        if self.target is None:
+            return None
+        target = self.target
+        if self.verdict == BIASED:
+            return min(self.seeds, key=lambda s: s.targets[target].rel_err)
+        return max(self.seeds, key=lambda s: s.targets[target].rel_err)
+
+    @property
+    def rel_err(self) -> float | None:
+        """Worst case over seeds of ``||g - c t|| / ||c t||`` for the target."""
+        worst = self.worst
+        if worst is None or self.target is None:
+            return None
+        return worst.targets[self.target].rel_err
+
+    @property
+    def combination(self) -> dict[str, float] | None:
+        """The exact combination of targets, when every seed has the same one
+        (a combination whose weights change with the policy is not reported)."""
+        combos = [s.combination for s in self.seeds]
+        first = combos[0] if combos else None
+        if first is None or self.verdict != BIASED:
+            return None
+        for other in combos[1:]:
+            if other is None or other.keys() != first.keys():
+                return None
+            if any(
+                abs(other[k] - first[k]) > FACTOR_TOLERANCE * max(1.0, abs(first[k])) for k in first
+            ):
+                return None
+        return first
+
+    @property
+    def distance_to_kl(self) -> float | None:
+        """Smallest over seeds of ``||g - t|| / ||t||`` with t = grad KL(pi||pi_ref):
+        how far the estimator is from the correct gradient, conservatively."""
+        if not self.seeds:
+            return None
+        return min(s.targets[KL].rel_err_unscaled for s in self.seeds)
+
+    def to_dict(self) -> dict[str, Any]:
+        worst = self.worst
+        return {
+            "instance": self.name,
+            "description": self.description,
+            "verdict": self.verdict,
+            "target": self.target,
+            "factor": self.factor,
+            "factors": list(self.factors),
+            "reason": self.reason,
+            "worst_seed": None if worst is None else worst.seed,
+            "rel_err": _finite(self.rel_err),
+            "distance_to_kl": self.distance_to_kl,
+            "combination": self.combination,
+            "seeds": [s.to_dict() for s in self.seeds],
+        }
+
+
+def aggregate(name: str, description: str, seeds: list[SeedResult]) -> InstanceResult:
+    """Every seed must give the same verdict (and, unless biased, the same
+    target), or nothing is confirmed. A biased term may be nearest to different
+    targets at different seeds; it is reported with the seed where it comes
+    closest to any target (the case nearest to a match)."""
+    verdicts = {s.verdict for s in seeds}
+    targets = {s.target for s in seeds}
+    if len(verdicts) > 1 or (verdicts != {BIASED} and len(targets) > 1):
+        detail = ", ".join(f"seed {s.seed}: {_describe(s.verdict, s.target)}" for s in seeds)
+        return InstanceResult(
+            name,
+            description,
+            UNCONFIRMED,
+            None,
+            None,
+            f"the seeds disagree ({detail})",
+            tuple(seeds),
+        )
+    chosen = seeds[0]
+    if verdicts == {BIASED}:
+        chosen = min(seeds, key=lambda s: s.targets[s.target].rel_err if s.target else math.inf)
+    return InstanceResult(
+        name, description, chosen.verdict, chosen.target, chosen.factor, None, tuple(seeds)
+    )
+
+
+@dataclass(frozen=True)
+class Confirmation:
+    """The harness's verdict on one KL term.
+
+    ``verdict`` is one of :data:`VERDICTS`. ``target`` names the target the
+    expected gradient matches (or, for ``biased``, the nearest one) and
+    ``factor`` the scale: ``scaled`` with target KL(pi||pi_ref) and factor
+    0.25 means the direction is right and the step is a quarter of it (a
+    mean over 4 tokens, say). :attr:`up_to_scale` gives the verdict a term
+    would get with its positive factor divided out.
+
+    The overall verdict is the variable-length instance's (the general case of
+    sequence-level training code); ``instances`` holds all three, the bandit
+    telling the one-token story.
+    """
+
+    verdict: str
+    target: str | None = None
+    factor: float | None = None
+    reason: str | None = None
+    term: str = ""
+    instances: dict[str, InstanceResult] = field(default_factory=dict)
+    seeds: tuple[int, ...] = ()
+    notes: tuple[str, ...] = ()
+    seconds: float = 0.0
+
+    @property
+    def up_to_scale(self) -> str:
+        """The verdict with a positive factor treated as agreement: ``scaled``
+        toward grad KL(pi||pi_ref) is ``correct`` up to scale."""
+        if self.verdict == SCALED and self.target is not None:
+            return TARGET_VERDICT[self.target]
+        return self.verdict
+
+    @property
+    def overall(self) -> InstanceResult | None:
+        return self.instances.get("variable_length")
+
+    def summary(self) -> str:
+        """One line: the verdict, the evidence, and the instances that differ."""
+        if self.verdict == UNCONFIRMED:
+            return f"unconfirmed: {self.reason}"
+        main = self.overall
+        assert main is not None
+        text = _headline(main)
+        others = [
+            _short(r)
+            for name, r in self.instances.items()
+            if name != main.name and _differs(r, main)
+        ]
+        if others:
+            text += "; " + "; ".join(others)
+        if self.notes:
+            text += " (" + "; ".join(self.notes) + ")"
+        return text
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-serialisable (no NaN or infinity)."""
+        return {
+            "verdict": self.verdict,
+            "up_to_scale": self.up_to_scale,
+            "target": self.target,
+            "factor": self.factor,
+            "reason": self.reason,
+            "summary": self.summary(),
+            "term": self.term,
+            "seeds": list(self.seeds),
+            "notes": list(self.notes),
+            "seconds": self.seconds,
+            "thresholds": {
+                "zero": ZERO_TOLERANCE,
+                "match": MATCH_TOLERANCE,
+                "factor": FACTOR_TOLERANCE,
+            },
+            "instances": {name: r.to_dict() for name, r in self.instances.items()},
+        }
+
+
+def unconfirmed(reason: str, term: str = "", seconds: float = 0.0) -> Confirmation:
+    return Confirmation(UNCONFIRMED, reason=reason, term=term, seconds=seconds)
+
+
+def _headline(r: InstanceResult) -> str:
+    if r.verdict == UNCONFIRMED:
+        return f"unconfirmed: {r.reason}"
+    if r.verdict == ZERO_GRADIENT:
+        worst = r.worst
+        ratio = 0.0 if worst is None else worst.relative_norm
+        return (
+            f"confirmed: E[grad] = 0 (|E[grad]| / |target| = {ratio:.0e}): no regularisation at all"
+        )
+    assert r.target is not None
+    label = TARGET_LABEL[r.target]
+    distance = f"; distance to grad KL(pi||pi_ref): {r.distance_to_kl:.2g}"
+    if r.verdict == BIASED:
+        worst = r.worst
+        assert worst is not None
+        m = worst.targets[r.target]
+        cosine = "n/a" if m.cosine is None else f"{m.cosine:.2f}"
+        if r.combination is not None:
+            return (
+                f"biased: E[grad] = {combination_text(r.combination)}, no single target{distance}"
+            )
+        return (
+            f"biased: E[grad] matches no target; nearest {_scale(m.factor)}{label} "
+            f"(rel. err {m.rel_err:.2g} at the best factor, cosine {cosine}){distance}"
+        )
+    err = f"(rel. err {r.rel_err:.0e})"
+    if r.verdict == SCALED:
+        return f"confirmed: E[grad] = {_scale(r.factor)}{label} {err}: {_factor_story(r)}"
+    if r.verdict == NEGATED:
+        return (
+            f"confirmed: E[grad] = {_scale(r.factor)}{label} {err}: the divergence is "
+            "subtracted, so training increases it"
+        )
+    if r.verdict == CORRECT:
+        return f"confirmed: E[grad] = {label} {err}"
+    return f"confirmed: E[grad] = {label} {err}{distance}"
+
+
+def combination_text(combination: dict[str, float]) -> str:
+    """``grad KL(pi||pi_ref) - grad KL(pi_ref||pi)``, coefficients to 3 digits."""
+    parts = []
+    for name, c in combination.items():
+        magnitude = "" if abs(abs(c) - 1.0) <= FACTOR_TOLERANCE else f"{abs(c):.3g} x "
+        sign = "-" if c < 0 else "+"
+        parts.append(f"{sign} {magnitude}{TARGET_LABEL[name]}")
+    text = " ".join(parts)
+    return text[2:] if text.startswith("+ ") else "-" + text[1:]
+
+
+def _factor_story(r: InstanceResult) -> str:
+    factors = [f for f in r.factors if f is not None]
+    if factors and max(factors) - min(factors) > FACTOR_TOLERANCE * max(abs(f) for f in factors):
+        return f"direction agrees, step scaled by a policy-dependent {min(factors):.3g} to {max(factors):.3g}"
+    return "direction agrees, step scaled"
+
+
+def _differs(r: InstanceResult, main: InstanceResult) -> bool:
+    """Worth a mention in the summary: another verdict, or another target or
+    factor for a match (two biased instances are alike enough)."""
+    if r.verdict != main.verdict:
+        return True
+    if r.verdict in (BIASED, ZERO_GRADIENT):
+        return False
+    return (r.target, _rounded(r.factor)) != (main.target, _rounded(main.factor))
+
+
+def _short(r: InstanceResult) -> str:
+    if r.verdict == BIASED and r.combination is not None:
+        return f"{r.label}: biased ({combination_text(r.combination)})"
+    return f"{r.label}: {_describe(r.verdict, r.target, r.factor)}"
+
+
+def _describe(verdict: str, target: str | None, factor: float | None = None) -> str:
+    if verdict in (SCALED, NEGATED) and target is not None and factor is not None:
+        return f"{verdict} ({_scale(factor)}{TARGET_LABEL[target]})"
+    if verdict == BIASED and target is not None:
+        return f"biased (nearest {TARGET_LABEL[target]})"
+    return verdict
+
+
+def _scale(factor: float | None) -> str:
+    if factor is None or abs(factor - 1.0) <= FACTOR_TOLERANCE:
+        return ""
+    return f"{factor:.3g} x "
+
+
+def _rounded(factor: float | None) -> float | None:
+    return None if factor is None else round(factor, 6)
+
+
+def _finite(x: float | None) -> float | None:
+    return None if x is None or not math.isfinite(x) else x
