@@ -11,7 +11,15 @@ import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
 from kllint.analysis import ir
-from kllint.analysis.interpreter import Choice, FileContext, Interpreter, Sink, iter_functions
+from kllint.analysis.ir import clear_caches
+from kllint.analysis.interpreter import (
+    Choice,
+    FileContext,
+    Interpreter,
+    Sink,
+    iter_functions,
+    show_condition,
+)
 from kllint.analysis.project import Project
 from kllint.analysis.roles import REFERENCE_WORDS, RolePatterns
 from kllint.analysis.sites import KLSite, build_site, kl_terms
@@ -32,7 +40,7 @@ def check_source(source: str, path: str, project: Project, roles: RolePatterns) 
         _syntax_check(source, path)
         return []
     module = cst.parse_module(source)
-    info = project.add_module(Path(path), module)
+    info = project.add_module(Path(path), module, source)
     context = FileContext(path=path, fs_path=Path(path), module=info, project=project, role_patterns=roles)
     for fn, cls in iter_functions(info):
         Interpreter(context, info, cls).run_function(fn)
@@ -40,6 +48,7 @@ def check_source(source: str, path: str, project: Project, roles: RolePatterns) 
     Interpreter(context, info).exec_block(top_level)
 
     findings = _findings(context.sinks, path)
+    clear_caches()
     if findings:
         _place(findings, module)
     return sorted(findings, key=Finding.sort_key)
@@ -65,10 +74,14 @@ def _findings(sinks: list[Sink], path: str) -> list[Finding]:
         for branch, value in options:
             if not isinstance(value, ir.Node):
                 continue
+            loss_has_gradient = ir.depends_on_policy(value)
             for term in kl_terms(value):
-                site = build_site(term, sink.description, sink.strong, branch, fallback)
+                site = build_site(term, sink.description, sink.strong, show_condition(branch), fallback)
                 if site is None:
                     continue
+                site.facts["loss_has_gradient"] = loss_has_gradient
+                site.facts["function"] = sink.function_node
+                site.facts["backward"] = sink.backward
                 for rule in rules:
                     finding = rule.check(site)
                     if finding is None:
@@ -76,7 +89,14 @@ def _findings(sinks: list[Sink], path: str) -> list[Finding]:
                     key = (finding.code, id(site.origin.cst_node))
                     if key not in best:
                         best[key] = finding
-    return list(best.values())
+    # A loss helper of this file (``_compute_losses``) is reported where the
+    # estimator is written; its callers need not repeat the same finding.
+    reported_inside = {(f.code, id(f.site.facts["function"])) for f in best.values() if f.site and not f.site.origin.helper}
+    return [
+        f
+        for f in best.values()
+        if not (f.site and f.site.origin.helper and (f.code, id(f.site.origin.helper_node)) in reported_inside)
+    ]
 
 
 def _place(findings: list[Finding], module: cst.Module) -> None:

@@ -34,7 +34,7 @@ from kllint.analysis import ir
 from kllint.analysis.ir import Axis, Level, Role
 
 HORIZON = 3  # tokens per probe trajectory: enough for a past, a present and two futures
-PROBES = 40
+PROBES = 24
 _TOL = 1e-6
 
 

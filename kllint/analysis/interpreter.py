@@ -31,7 +31,7 @@ from kllint.analysis.ir import Axis, Role
 from kllint.analysis.module import ClassInfo, ModuleInfo, dotted_name
 from kllint.analysis.project import Project
 
-MAX_OPTIONS = 8
+MAX_OPTIONS = 16
 MAX_DEPTH = 4
 
 # --------------------------------------------------------------------- values
@@ -108,6 +108,8 @@ class Sink:
     strong: bool  # backward / returned from a loss function (vs. a loss-like name)
     node: cst.CSTNode
     function: str
+    function_node: cst.CSTNode | None = None
+    backward: bool = False  # reaches .backward() itself
 
 
 # --------------------------------------------------------------------- context
@@ -124,6 +126,7 @@ _UNARY = {
 }
 _BINARY_METHODS = {"mul": "mul", "multiply": "mul", "add": "add", "sub": "sub", "subtract": "sub",
                    "div": "div", "divide": "div", "true_divide": "div", "pow": "pow"}
+_MUTATING = frozenset({"append", "extend", "insert", "add_", "mul_", "sub_", "div_", "copy_", "fill_", "masked_fill_", "clamp_", "zero_", "update"})
 _DETACHING = frozenset({"detach", "item", "tolist", "numpy", "detach_"})
 _LOGPROB_OPS = frozenset({"log_softmax", "gather_log_probs", "logsumexp"})
 _AGGREGATORS = frozenset({"masked_mean", "masked_sum", "agg_loss", "aggregate_loss", "masked_avg", "mean_with_mask", "sum_with_mask", "masked_average"})
@@ -133,8 +136,9 @@ _MODULE_PREFIXES = ("torch", "F", "nn", "functional")
 
 
 def is_loss_name(name: str) -> bool:
+    """``loss``, ``kl_loss``, ``policy_loss``, ``losses``; not ``loss_mask``."""
     ws = roles.words(name)
-    return "loss" in ws or "losses" in ws or "objective" in ws
+    return bool(ws) and ws[-1] in ("loss", "losses", "objective")
 
 
 @dataclass
@@ -178,6 +182,7 @@ class Interpreter:
         self.path: list[str] = []
         self.returns: list[tuple[str, Value]] = []
         self.loss_function = False
+        self.function_node: cst.FunctionDef | None = None
 
     # ----------------------------------------------------------------- origins
 
@@ -191,6 +196,7 @@ class Interpreter:
     def run_function(self, fn: cst.FunctionDef, bound: dict[str, Value] | None = None, *, no_grad: bool = False) -> Value | None:
         self.no_grad = no_grad or _decorated_no_grad(fn)
         self.function_name = fn.name.value
+        self.function_node = fn
         self.loss_function = self._is_loss_function(fn)
         params = fn.params
         for param in [*params.posonly_params, *params.params, *params.kwonly_params]:
@@ -278,12 +284,12 @@ class Interpreter:
             return self.exec_block(statement.body.body)
         if truth is False:
             return self.exec_block(else_body)
-        label = _code(statement.test)
+        label = self.condition_label(statement.test)
         saved_env, saved_path = dict(self.env), list(self.path)
         self.path = [*saved_path, label]
         then_done = self.exec_block(statement.body.body)
         then_env = self.env
-        self.env, self.path = dict(saved_env), [*saved_path, f"not ({label})"]
+        self.env, self.path = dict(saved_env), [*saved_path, _negate(label)]
         else_done = self.exec_block(else_body)
         else_env = self.env
         self.path = saved_path
@@ -296,6 +302,14 @@ class Interpreter:
         else:
             self.env = _merge(then_env, else_env, label)
         return False
+
+    def condition_label(self, test: cst.BaseExpression) -> str:
+        """A branch condition, shown in messages only when it can select an
+        estimator: it compares with a string or mentions the KL."""
+        text = _code(test)
+        lowered = text.lower()
+        selects = "kl" in lowered or "estimator" in lowered or any(isinstance(n, cst.SimpleString) for n in _descendants(test))
+        return text if selects else _HIDDEN + text
 
     def exec_small(self, small: cst.BaseSmallStatement) -> bool:
         if isinstance(small, cst.Assign):
@@ -338,13 +352,19 @@ class Interpreter:
             return
         self.add_sink(value, description, True, node)
 
-    def add_sink(self, value: Value, description: str, strong: bool, node: cst.CSTNode) -> None:
+    def add_sink(self, value: Value, description: str, strong: bool, node: cst.CSTNode, *, backward: bool = False) -> None:
         if self.depth == 0:
-            self.context.sinks.append(Sink(value, description, strong, node, self.function_name))
+            self.context.sinks.append(Sink(value, description, strong, node, self.function_name, self.function_node, backward))
 
     def assign(self, target: cst.BaseExpression, value: Value, node: cst.CSTNode) -> None:
+        if self.no_grad and isinstance(value, (ir.Node, Choice, Flipped)):
+            # Whatever is computed under no_grad/inference_mode has no gradient,
+            # including arithmetic on tensors that had one.
+            value = self.lift1(value, ir.detach, node)
         if isinstance(target, cst.Name):
             name = target.value
+            if self.context.role_patterns.logprob_role(name) is not None and not isinstance(value, Unknown):
+                value = self.name_logprob(name, value)
             if isinstance(value, Unknown):
                 value = self.resolve(value, name, keep_unknown=True)
             elif isinstance(value, Choice):
@@ -365,12 +385,27 @@ class Interpreter:
         elif isinstance(target, cst.Subscript) and isinstance(target.value, cst.Name):
             container = self.env.get(target.value.value)
             key = _string_key(target)
+            if isinstance(container, (ir.Node, Seq)):
+                # ``buffer[:, i] = ...`` fills a tensor in place: it is no longer what it was.
+                self.env[target.value.value] = Unknown(target.value.value, (target.value.value,))
             if isinstance(container, DictVal) and key is not None:
                 container.items[key] = value
                 if is_loss_name(key):
                     self.add_sink(value, f"stored as `{key}`", False, node)
 
     # ----------------------------------------------------------------- evidence
+
+    def name_logprob(self, name: str, value: Value) -> Value:
+        """A value assigned to a name like ``ref_log_prob``: what a helper did to
+        compute a log-prob (a model forward, a gather) does not matter, only
+        which policy it belongs to and whether it carries gradient. A value
+        that already involves the reference is a log-ratio and is kept."""
+        nodes = [v for _, v in value.options] if isinstance(value, Choice) else [value]
+        if any(isinstance(n, ir.Node) and n.has_role(Role.REFERENCE_LOGP) for n in nodes):
+            return value
+        logprob_nodes = [n for n in nodes if isinstance(n, ir.Node) and any(n.has_role(r) for r in (Role.POLICY_LOGP, Role.OLD_LOGP))]
+        detached = bool(logprob_nodes) and not any(ir.depends_on_policy(n) for n in logprob_nodes)
+        return self.resolve(Unknown(name, (name,), call=True, detached=detached))
 
     def resolve(self, unknown: Unknown, target: str | None = None, *, keep_unknown: bool = False) -> Value:
         """Decide what an unknown value is, from the strongest evidence first."""
@@ -471,8 +506,8 @@ class Interpreter:
                 return self.eval(expr.body)
             if truth is False:
                 return self.eval(expr.orelse)
-            label = _code(expr.test)
-            return _choice([(label, self.eval(expr.body)), (f"not ({label})", self.eval(expr.orelse))])
+            label = self.condition_label(expr.test)
+            return _choice([(label, self.eval(expr.body)), (_negate(label), self.eval(expr.orelse))])
         if isinstance(expr, (cst.Tuple, cst.List)):
             return Seq([self.eval(e.value) for e in expr.elements if isinstance(e, cst.Element)])
         if isinstance(expr, cst.Dict):
@@ -538,6 +573,10 @@ class Interpreter:
         if not any(w in _CONFIG_WORDS for n in base.names for w in roles.words(n)):
             return None
         defaults = self.context.project.config_defaults(self.context.fs_path, attr)
+        if not all(isinstance(d.value, str) for d in defaults):
+            # Feature flags and numbers stay open: a default of ``use_kl_loss:
+            # false`` must not hide the code path users turn on.
+            return None
         values = {repr(d.value) for d in defaults}
         if len(values) != 1:
             return None
@@ -630,8 +669,14 @@ class Interpreter:
         if isinstance(left, Choice) or isinstance(right, Choice):
             lefts = left.options if isinstance(left, Choice) else [("", left)]
             rights = right.options if isinstance(right, Choice) else [("", right)]
-            combos = list(itertools.islice(itertools.product(lefts, rights), MAX_OPTIONS))
-            return _choice([(_join(la, lb), self.lift2(a, b, fn, node)) for (la, a), (lb, b) in combos])
+            # Choices that come from the same branch are correlated: combine
+            # only the alternatives whose conditions are consistent.
+            combos = [
+                (label, a, b)
+                for (la, a), (lb, b) in itertools.product(lefts, rights)
+                if (label := _join(la, lb)) is not None
+            ][:MAX_OPTIONS]
+            return _choice([(label, self.lift2(a, b, fn, node)) for label, a, b in combos])
         if isinstance(left, Flipped) and isinstance(right, Flipped):
             return Flipped(fn(left.node, right.node))
         if isinstance(left, Flipped) or isinstance(right, Flipped):
@@ -654,9 +699,13 @@ class Interpreter:
             if method in ("backward", "manual_backward"):
                 target = args[0].value if args else func.value
                 value = self.eval(target)
-                self.add_sink(value, f"`{_code(call)}`" if len(_code(call)) < 60 else f"`.{method}()`", True, call)
+                self.add_sink(value, f"`{_code(call)}`" if len(_code(call)) < 60 else f"`.{method}()`", True, call, backward=True)
                 return Py(None)
             receiver = self.eval(func.value)
+            if method in _MUTATING and isinstance(func.value, cst.Name) and func.value.value in self.env:
+                name = func.value.value
+                self.env[name] = Unknown(name, (name,))
+                return Py(None)
             if isinstance(receiver, Unknown) and receiver.module is not None:
                 return self.call_module_function(receiver.module, method, call, args, kwargs)
             if isinstance(receiver, (ir.Node, Choice, Flipped)) and not isinstance(receiver, ir.Opaque):
@@ -699,10 +748,13 @@ class Interpreter:
             arg_values = [self.eval(a.value) for a in args]
             kw_values = {k: self.eval(v) for k, v in kwargs.items()}
             if name == "stack" and arg_values and isinstance(arg_values[0], Seq):
-                return arg_values[0]
-            if name in ("zeros_like", "zeros"):
+                items = arg_values[0].items
+                if items and all(isinstance(i, (ir.Node, Choice)) for i in items):
+                    return arg_values[0]
+                return Unknown(_code(call), ("stack",), call=True)
+            if name == "zeros_like":
                 return ir.Const(0.0, origin=self.origin(call))
-            if name in ("ones_like", "ones"):
+            if name == "ones_like":
                 return ir.Const(1.0, origin=self.origin(call))
             if name in ("tensor", "as_tensor", "scalar_tensor") and arg_values and isinstance(arg_values[0], ir.Const):
                 return arg_values[0]
@@ -785,7 +837,7 @@ class Interpreter:
                 index += 1
         site = self.call_site or self.origin(call)
         if self.call_site is None:
-            site = ir.Origin(self.context.path, code="", helper=_helper_label(ref, self.context), cst_node=call)
+            site = ir.Origin(self.context.path, helper=_helper_label(ref, self.context), cst_node=call, helper_node=ref.node)
         callee = Interpreter(
             self.context, ref.module, ref.cls, depth=self.depth + 1, call_site=site,
             stack=(*self.stack, key), function_name=ref.node.name.value,
@@ -913,19 +965,74 @@ def _choice(options: list[tuple[str, Value]]) -> Value:
     flat: list[tuple[str, Value]] = []
     for label, value in options:
         if isinstance(value, Choice):
-            flat.extend((_join(label, inner_label), inner) for inner_label, inner in value.options)
+            for inner_label, inner in value.options:
+                joined = _join(label, inner_label)
+                if joined is not None:
+                    flat.append((joined, inner))
         else:
             flat.append((label, value))
-    flat = flat[:MAX_OPTIONS]
+    # Unrelated branches (an entropy flag, a padding mode) multiply the
+    # alternatives without changing the KL term: keep one of each shape.
+    distinct: list[tuple[str, Value]] = []
+    seen: set[object] = set()
+    for label, value in flat:
+        key = ir.structure(value) if isinstance(value, ir.Node) else id(value)
+        if key not in seen:
+            seen.add(key)
+            distinct.append((label, value))
+    flat = distinct[:MAX_OPTIONS]
+    if not flat:
+        return Unknown("empty choice", ("empty",))
     if len(flat) == 1:
         return flat[0][1]
-    if all(value is flat[0][1] for _, value in flat):
-        return flat[0][1]
+    first = flat[0][1]
+    if all(value is first or _same(value, first) for _, value in flat):
+        return first
     return Choice(flat)
 
 
-def _join(a: str, b: str) -> str:
-    return " and ".join(x for x in (a, b) if x)
+def _same(a: Value, b: Value) -> bool:
+    """Structurally equal tensor expressions (the same atoms and operations)."""
+    if isinstance(a, ir.Node) and isinstance(b, ir.Node):
+        return ir.structure(a) == ir.structure(b)
+    return False
+
+
+
+
+_AND = "\x00"  # separates the conjuncts of a branch condition; shown as " and "
+
+
+def _join(a: str, b: str) -> str | None:
+    """The conjunction of two branch conditions, None if they contradict."""
+    conjuncts = [c for c in a.split(_AND) if c]
+    for c in b.split(_AND):
+        if not c or c in conjuncts:
+            continue
+        if _negate(c) in conjuncts:
+            return None
+        conjuncts.append(c)
+    return _AND.join(conjuncts)
+
+
+_HIDDEN = "\x01"  # marks a condition that is not shown (an unrelated flag)
+
+
+def _negate(condition: str) -> str:
+    hidden = condition.startswith(_HIDDEN)
+    text = condition.lstrip(_HIDDEN)
+    negated = text[5:-1] if text.startswith("not (") and text.endswith(")") else f"not ({text})"
+    return _HIDDEN + negated if hidden else negated
+
+
+def show_condition(label: str) -> str:
+    return " and ".join(c for c in label.split(_AND) if c and not c.startswith(_HIDDEN))
+
+
+def _descendants(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
+    yield node
+    for child in node.children:
+        yield from _descendants(child)
 
 
 def _merge(then_env: dict[str, Value], else_env: dict[str, Value], label: str) -> dict[str, Value]:
@@ -937,7 +1044,7 @@ def _merge(then_env: dict[str, Value], else_env: dict[str, Value], label: str) -
         elif isinstance(a, DictVal) and isinstance(b, DictVal):
             merged[name] = a
         else:
-            merged[name] = _choice([(label, a), (f"not ({label})", b)])
+            merged[name] = _choice([(label, a), (_negate(label), b)])
     return merged
 
 
@@ -982,14 +1089,8 @@ def _helper_label(ref: FuncRef, context: FileContext) -> str:
         shown = path.relative_to(Path.cwd()).as_posix()
     except ValueError:
         shown = path.as_posix()
-    text = ref.module.module.code
-    name = ref.node.name.value
-    line = 0
-    for number, source_line in enumerate(text.splitlines(), 1):
-        if source_line.lstrip().startswith(f"def {name}("):
-            line = number
-            break
-    return f"`{name}` ({shown}:{line})" if line else f"`{name}` ({shown})"
+    line = ref.module.line_of_def(ref.node.name.value)
+    return f"`{ref.node.name.value}` ({shown}:{line})" if line else f"`{ref.node.name.value}` ({shown})"
 
 
 _EMPTY_MODULE = cst.Module(body=[])

@@ -65,6 +65,7 @@ class Origin:
     code: str = ""
     helper: str | None = None  # "function (path:line)" when lowered from a helper's body
     cst_node: object = field(default=None, repr=False)
+    helper_node: object = field(default=None, repr=False)  # the helper's FunctionDef
     notes: list[str] = field(default_factory=list)  # e.g. how a selector was resolved
 
     def describe(self) -> str:
@@ -253,3 +254,41 @@ def render(x: Node) -> str:
 def _paren(x: Node) -> str:
     text = render(x)
     return f"({text})" if isinstance(x, Binary) else text
+
+
+_SHAPES: dict[int, tuple[Node, tuple[object, ...]]] = {}
+
+
+def structure(node: Node) -> tuple[object, ...]:
+    """A hashable key: equal for trees with the same atoms and operations."""
+    cached = _SHAPES.get(id(node))
+    if cached is not None and cached[0] is node:
+        return cached[1]
+    shape = _shape_uncached(node)
+    _SHAPES[id(node)] = (node, shape)
+    return shape
+
+
+def clear_caches() -> None:
+    _SHAPES.clear()
+
+
+def _shape_uncached(node: Node) -> tuple[object, ...]:
+    own: tuple[object, ...]
+    if isinstance(node, Atom):
+        own = (node.role, node.name, node.level)
+    elif isinstance(node, Const):
+        own = (node.value,)
+    elif isinstance(node, Opaque):
+        own = (node.reason,)
+    elif isinstance(node, (Unary, Binary)):
+        own = (node.op,)
+    elif isinstance(node, Clamp):
+        own = (node.low, node.high)
+    elif isinstance(node, Reduce):
+        own = (node.kind, node.axis, node.mask is not None)
+    elif isinstance(node, CumSum):
+        own = (node.reverse,)
+    else:
+        own = ()
+    return (type(node).__name__, own, tuple(structure(c) for c in node.children()))

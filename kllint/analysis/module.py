@@ -24,14 +24,27 @@ class ClassInfo:
 
 
 class ModuleInfo:
-    def __init__(self, path: Path, module: cst.Module) -> None:
+    def __init__(self, path: Path, module: cst.Module, source: str = "") -> None:
         self.path = path
         self.module = module
+        self.source = source
+        self._def_lines: dict[str, int] | None = None
         self.functions: dict[str, cst.FunctionDef] = {}
         self.classes: dict[str, ClassInfo] = {}
         self.imports: dict[str, ImportedName] = {}
         self.constants: dict[str, cst.BaseExpression] = {}
         self._collect(module.body)
+
+    def line_of_def(self, name: str) -> int:
+        """The line of ``def name(`` (from the text: no position metadata needed)."""
+        if self._def_lines is None:
+            self._def_lines = {}
+            for number, line in enumerate(self.source.splitlines(), 1):
+                stripped = line.lstrip()
+                if stripped.startswith(("def ", "async def ")):
+                    fn = stripped.split("def ", 1)[1].split("(", 1)[0].strip()
+                    self._def_lines.setdefault(fn, number)
+        return self._def_lines.get(name, 0)
 
     def _collect(self, body: object) -> None:
         for statement in body:  # type: ignore[attr-defined]

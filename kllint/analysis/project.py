@@ -88,8 +88,8 @@ class Project:
 
     # ------------------------------------------------------------ modules
 
-    def add_module(self, path: Path, module: cst.Module) -> ModuleInfo:
-        info = ModuleInfo(path.resolve(), module)
+    def add_module(self, path: Path, module: cst.Module, source: str = "") -> ModuleInfo:
+        info = ModuleInfo(path.resolve(), module, source)
         self._modules[path.resolve()] = info
         return info
 
@@ -97,11 +97,12 @@ class Project:
         path = path.resolve()
         if path not in self._modules:
             try:
-                module = cst.parse_module(path.read_text(encoding="utf-8"))
+                source = path.read_text(encoding="utf-8")
+                module = cst.parse_module(source)
             except (OSError, UnicodeDecodeError, cst.ParserSyntaxError):
                 self._modules[path] = None
             else:
-                self._modules[path] = ModuleInfo(path, module)
+                self._modules[path] = ModuleInfo(path, module, source)
         return self._modules[path]
 
     def resolve_module(self, dotted: str, importer: Path, level: int = 0) -> ModuleInfo | None:

@@ -17,6 +17,7 @@ from typing import Any
 from kllint.analysis import ir
 from kllint.analysis.gradient import GradientProfile, Unsupported, estimator_name, profile
 from kllint.analysis.ir import Role
+from kllint.analysis.roles import words
 
 _LOGPROB_ROLES = (Role.POLICY_LOGP, Role.OLD_LOGP)
 
@@ -74,7 +75,22 @@ def _names(node: ir.Node, role: Role) -> list[str]:
 
 def kl_terms(value: ir.Node) -> list[ir.Node]:
     """The additive terms of a loss that involve the reference log-prob."""
-    return [t for t in _split(value) if t.has_role(Role.REFERENCE_LOGP) and any(t.has_role(r) for r in _LOGPROB_ROLES)]
+    return [
+        t
+        for t in _split(value)
+        if t.has_role(Role.REFERENCE_LOGP) and any(t.has_role(r) for r in _LOGPROB_ROLES) and not _is_preference_contrast(t)
+    ]
+
+
+def _is_preference_contrast(term: ir.Node) -> bool:
+    """DPO/IPO-style losses compare log-ratios of two *fixed* responses
+    (chosen vs rejected). They are not a KL to the reference estimated on
+    samples from pi, so the on-policy gradient analysis does not apply."""
+    policy = _names(term, Role.POLICY_LOGP) + _names(term, Role.OLD_LOGP)
+    reference = _names(term, Role.REFERENCE_LOGP)
+    if len(policy) >= 2 and len(reference) >= 2:
+        return True
+    return any(w in ("chosen", "rejected", "preferred", "dispreferred", "win", "lose", "winner", "loser") for n in policy + reference for w in words(n))
 
 
 def _has_reference(node: ir.Node) -> bool:
@@ -166,10 +182,18 @@ def _has_ratio_factor(term: ir.Node, focus: ir.Node) -> bool:
     return False
 
 
+_PROFILES: dict[tuple[object, ...], GradientProfile | None] = {}
+
+
 def build_site(term: ir.Node, sink: str, strong: bool, branch: str, fallback: ir.Origin) -> KLSite | None:
-    try:
-        gradient_profile = profile(term)
-    except Unsupported:
+    key = ir.structure(term)
+    if key not in _PROFILES:  # alternatives of unrelated branches repeat the same term
+        try:
+            _PROFILES[key] = profile(term)
+        except Unsupported:
+            _PROFILES[key] = None
+    gradient_profile = _PROFILES[key]
+    if gradient_profile is None:
         return None
     focus = focus_of(term)
     origin = focus.origin or term.origin or fallback

@@ -14,7 +14,13 @@ from kllint.rules.base import Rule, where
 
 
 def applies(site: KLSite) -> bool:
-    return site.profile.direction is Direction.NONE and site.strong_sink and site.profile.credit.value == "none"
+    # Only where the loss itself is differentiated and has a gradient: a
+    # ``return loss.detach()`` for logging detaches everything on purpose.
+    return (
+        site.profile.direction is Direction.NONE
+        and bool(site.facts.get("backward"))
+        and bool(site.facts.get("loss_has_gradient"))
+    )
 
 
 def message(site: KLSite) -> str:
