@@ -292,6 +292,9 @@ class GradientProfile:
         )
 
 
+UNCLASSIFIED = GradientProfile(Direction.OTHER, 0.0, Credit.OTHER, False, False)
+
+
 def _points(horizon: int, seed: int) -> list[_Point]:
     rng = random.Random(seed)
     return [

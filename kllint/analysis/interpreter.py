@@ -203,7 +203,9 @@ class Interpreter:
             name = param.name.value
             if bound is not None and name in bound:
                 self.env[name] = bound[name]
-            elif bound is not None and param.default is not None:
+            elif param.default is not None and (bound is not None or _is_selector_literal(param.default)):
+                # A keyword default picks the branch when the caller (or, for a
+                # function analysed on its own, every caller that omits it) does not.
                 self.env[name] = self.eval(param.default)
             else:
                 self.env[name] = self.param_value(name)
@@ -1046,6 +1048,10 @@ def _merge(then_env: dict[str, Value], else_env: dict[str, Value], label: str) -
         else:
             merged[name] = _choice([(label, a), (_negate(label), b)])
     return merged
+
+
+def _is_selector_literal(expr: cst.BaseExpression) -> bool:
+    return isinstance(expr, (cst.SimpleString, cst.Integer)) or (isinstance(expr, cst.Name) and expr.value in ("True", "False"))
 
 
 def _decorated_no_grad(fn: cst.FunctionDef) -> bool:

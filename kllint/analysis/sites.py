@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kllint.analysis import ir
-from kllint.analysis.gradient import GradientProfile, Unsupported, estimator_name, profile
+from kllint.analysis.gradient import UNCLASSIFIED, GradientProfile, Unsupported, estimator_name, profile
 from kllint.analysis.ir import Role
 from kllint.analysis.roles import words
 
@@ -36,9 +36,9 @@ class KLSite:
     focus: ir.Node
     origin: ir.Origin
     sink: str  # how it reaches a loss: "`loss.backward()`", "returned by `compute_loss`", ...
-    strong_sink: bool
-    profile: GradientProfile
-    estimator: str
+    strong_sink: bool = True
+    profile: GradientProfile = UNCLASSIFIED
+    estimator: str = "KL estimate"
     branch: str = ""  # the condition under which this alternative is taken
     facts: dict[str, Any] = field(default_factory=dict)
 
@@ -155,7 +155,7 @@ def focus_of(term: ir.Node) -> ir.Node:
     while True:
         if isinstance(node, (ir.Reduce, ir.CumSum)):
             node = node.arg
-        elif isinstance(node, ir.Unary) and node.op in ("neg", "detach"):
+        elif isinstance(node, ir.Unary) and node.op in ("neg", "detach") or isinstance(node, ir.Clamp):
             node = node.arg
         elif isinstance(node, ir.Binary) and node.op in ("mul", "div") and not _has_reference(node.right):
             node = node.left
