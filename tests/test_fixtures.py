@@ -56,7 +56,9 @@ def test_fixture(path: Path) -> None:
     for line, codes in expected["error"].items():
         missing = codes - reported.get(line, set())
         if missing:
-            problems.append(f"line {line}: expected {sorted(missing)}, got {sorted(reported.get(line, set()))}")
+            problems.append(
+                f"line {line}: expected {sorted(missing)}, got {sorted(reported.get(line, set()))}"
+            )
     for line, codes in expected["ok"].items():
         wrong = codes & reported.get(line, set())
         if wrong:

@@ -11,7 +11,6 @@ import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
 from kllint.analysis import ir
-from kllint.analysis.ir import clear_caches
 from kllint.analysis.interpreter import (
     Choice,
     FileContext,
@@ -20,6 +19,7 @@ from kllint.analysis.interpreter import (
     iter_functions,
     show_condition,
 )
+from kllint.analysis.ir import clear_caches
 from kllint.analysis.project import Project
 from kllint.analysis.roles import REFERENCE_WORDS, RolePatterns
 from kllint.analysis.sites import KLSite, build_site, kl_terms
@@ -41,7 +41,9 @@ def check_source(source: str, path: str, project: Project, roles: RolePatterns) 
         return []
     module = cst.parse_module(source)
     info = project.add_module(Path(path), module, source)
-    context = FileContext(path=path, fs_path=Path(path), module=info, project=project, role_patterns=roles)
+    context = FileContext(
+        path=path, fs_path=Path(path), module=info, project=project, role_patterns=roles
+    )
     for fn, cls in iter_functions(info):
         Interpreter(context, info, cls).run_function(fn)
     top_level = [s for s in module.body if not isinstance(s, (cst.FunctionDef, cst.ClassDef))]
@@ -59,7 +61,10 @@ def _syntax_check(source: str, path: str) -> None:
         ast.parse(source, filename=path)
     except SyntaxError as exc:
         raise cst.ParserSyntaxError(
-            exc.msg, lines=source.splitlines(keepends=True) or [""], raw_line=exc.lineno or 1, raw_column=max((exc.offset or 1) - 1, 0)
+            exc.msg,
+            lines=source.splitlines(keepends=True) or [""],
+            raw_line=exc.lineno or 1,
+            raw_column=max((exc.offset or 1) - 1, 0),
         ) from None
 
 
@@ -76,7 +81,9 @@ def _findings(sinks: list[Sink], path: str) -> list[Finding]:
                 continue
             loss_has_gradient = ir.depends_on_policy(value)
             for term in kl_terms(value):
-                site = build_site(term, sink.description, sink.strong, show_condition(branch), fallback)
+                site = build_site(
+                    term, sink.description, sink.strong, show_condition(branch), fallback
+                )
                 if site is None:
                     continue
                 site.facts["loss_has_gradient"] = loss_has_gradient
@@ -91,11 +98,19 @@ def _findings(sinks: list[Sink], path: str) -> list[Finding]:
                         best[key] = finding
     # A loss helper of this file (``_compute_losses``) is reported where the
     # estimator is written; its callers need not repeat the same finding.
-    reported_inside = {(f.code, id(f.site.facts["function"])) for f in best.values() if f.site and not f.site.origin.helper}
+    reported_inside = {
+        (f.code, id(f.site.facts["function"]))
+        for f in best.values()
+        if f.site and not f.site.origin.helper
+    }
     return [
         f
         for f in best.values()
-        if not (f.site and f.site.origin.helper and (f.code, id(f.site.origin.helper_node)) in reported_inside)
+        if not (
+            f.site
+            and f.site.origin.helper
+            and (f.code, id(f.site.origin.helper_node)) in reported_inside
+        )
     ]
 
 
@@ -115,7 +130,10 @@ def _place(findings: list[Finding], module: cst.Module) -> None:
             if not origin.code and isinstance(node, cst.CSTNode):
                 origin.code = " ".join(module.code_for_node(node).split())
         finding.line, finding.column = origin.line or 1, origin.column or 1
-        finding.end_line, finding.end_column = origin.end_line or finding.line, origin.end_column or finding.column
+        finding.end_line, finding.end_column = (
+            origin.end_line or finding.line,
+            origin.end_column or finding.column,
+        )
         finding.facts["expression"] = origin.code
         if origin.notes:
             finding.facts["resolved"] = list(origin.notes)

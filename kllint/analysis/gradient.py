@@ -171,15 +171,15 @@ def _evaluate_uncached(
         return [_dual_binary(node.op, a, b) for a, b in zip(left, right)], per_token
     if isinstance(node, ir.Clamp):
         values, per_token = _evaluate(node.arg, point, memo)
-        out = []
+        clamped: list[Dual] = []
         for d in values:
             if node.low is not None and d.value < node.low:
-                out.append(Dual.const(node.low, n))
+                clamped.append(Dual.const(node.low, n))
             elif node.high is not None and d.value > node.high:
-                out.append(Dual.const(node.high, n))
+                clamped.append(Dual.const(node.high, n))
             else:
-                out.append(d)
-        return out, per_token
+                clamped.append(d)
+        return clamped, per_token
     if isinstance(node, ir.Reduce):
         values, per_token = _evaluate(node.arg, point, memo)
         if node.axis is Axis.BATCH or not per_token:

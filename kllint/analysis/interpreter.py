@@ -22,7 +22,7 @@ import itertools
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Union
+
 
 import libcst as cst
 
@@ -96,7 +96,7 @@ class FuncRef:
     bound: bool = False  # called as self.method(...)
 
 
-Value = Union[ir.Node, Py, Choice, Seq, DictVal, Flipped, Unknown, FuncRef]
+Value = ir.Node | Py | Choice | Seq | DictVal | Flipped | Unknown | FuncRef
 
 
 @dataclass
@@ -115,23 +115,113 @@ class Sink:
 # --------------------------------------------------------------------- context
 
 _TENSOR_IDENTITY = frozenset(
-    {"float", "double", "half", "bfloat16", "to", "contiguous", "view", "reshape", "squeeze", "unsqueeze",
-     "flatten", "clone", "type", "type_as", "view_as", "expand", "expand_as", "cuda", "cpu", "requires_grad_",
-     "nan_to_num", "masked_fill", "gather", "index_select", "narrow", "select", "roll", "t", "transpose",
-     "permute", "squeeze_", "unsqueeze_", "float_", "as_strided", "repeat", "repeat_interleave", "tile"}
+    {
+        "float",
+        "double",
+        "half",
+        "bfloat16",
+        "to",
+        "contiguous",
+        "view",
+        "reshape",
+        "squeeze",
+        "unsqueeze",
+        "flatten",
+        "clone",
+        "type",
+        "type_as",
+        "view_as",
+        "expand",
+        "expand_as",
+        "cuda",
+        "cpu",
+        "requires_grad_",
+        "nan_to_num",
+        "masked_fill",
+        "gather",
+        "index_select",
+        "narrow",
+        "select",
+        "roll",
+        "t",
+        "transpose",
+        "permute",
+        "squeeze_",
+        "unsqueeze_",
+        "float_",
+        "as_strided",
+        "repeat",
+        "repeat_interleave",
+        "tile",
+    }
 )
 _UNARY = {
-    "exp": "exp", "log": "log", "expm1": "expm1", "log1p": "log1p", "square": "square", "abs": "abs",
-    "sqrt": "sqrt", "neg": "neg", "negative": "neg", "absolute": "abs",
+    "exp": "exp",
+    "log": "log",
+    "expm1": "expm1",
+    "log1p": "log1p",
+    "square": "square",
+    "abs": "abs",
+    "sqrt": "sqrt",
+    "neg": "neg",
+    "negative": "neg",
+    "absolute": "abs",
 }
-_BINARY_METHODS = {"mul": "mul", "multiply": "mul", "add": "add", "sub": "sub", "subtract": "sub",
-                   "div": "div", "divide": "div", "true_divide": "div", "pow": "pow"}
-_MUTATING = frozenset({"append", "extend", "insert", "add_", "mul_", "sub_", "div_", "copy_", "fill_", "masked_fill_", "clamp_", "zero_", "update"})
+_BINARY_METHODS = {
+    "mul": "mul",
+    "multiply": "mul",
+    "add": "add",
+    "sub": "sub",
+    "subtract": "sub",
+    "div": "div",
+    "divide": "div",
+    "true_divide": "div",
+    "pow": "pow",
+}
+_MUTATING = frozenset(
+    {
+        "append",
+        "extend",
+        "insert",
+        "add_",
+        "mul_",
+        "sub_",
+        "div_",
+        "copy_",
+        "fill_",
+        "masked_fill_",
+        "clamp_",
+        "zero_",
+        "update",
+    }
+)
 _DETACHING = frozenset({"detach", "item", "tolist", "numpy", "detach_"})
 _LOGPROB_OPS = frozenset({"log_softmax", "gather_log_probs", "logsumexp"})
-_AGGREGATORS = frozenset({"masked_mean", "masked_sum", "agg_loss", "aggregate_loss", "masked_avg", "mean_with_mask", "sum_with_mask", "masked_average"})
+_AGGREGATORS = frozenset(
+    {
+        "masked_mean",
+        "masked_sum",
+        "agg_loss",
+        "aggregate_loss",
+        "masked_avg",
+        "mean_with_mask",
+        "sum_with_mask",
+        "masked_average",
+    }
+)
 _NO_GRAD = frozenset({"no_grad", "inference_mode"})
-_LOSS_FUNCTIONS = frozenset({"compute_loss", "loss_fn", "loss", "get_loss", "compute_losses", "training_step", "forward_loss", "policy_loss"})
+_LOSS_FUNCTIONS = frozenset(
+    {
+        "compute_loss",
+        "loss_fn",
+        "loss",
+        "get_loss",
+        "compute_losses",
+        "training_step",
+        "forward_loss",
+        "policy_loss",
+    }
+)
 _MODULE_PREFIXES = ("torch", "F", "nn", "functional")
 
 
@@ -193,7 +283,9 @@ class Interpreter:
 
     # ----------------------------------------------------------------- functions
 
-    def run_function(self, fn: cst.FunctionDef, bound: dict[str, Value] | None = None, *, no_grad: bool = False) -> Value | None:
+    def run_function(
+        self, fn: cst.FunctionDef, bound: dict[str, Value] | None = None, *, no_grad: bool = False
+    ) -> Value | None:
         self.no_grad = no_grad or _decorated_no_grad(fn)
         self.function_name = fn.name.value
         self.function_node = fn
@@ -203,7 +295,9 @@ class Interpreter:
             name = param.name.value
             if bound is not None and name in bound:
                 self.env[name] = bound[name]
-            elif param.default is not None and (bound is not None or _is_selector_literal(param.default)):
+            elif param.default is not None and (
+                bound is not None or _is_selector_literal(param.default)
+            ):
                 # A keyword default picks the branch when the caller (or, for a
                 # function analysed on its own, every caller that omits it) does not.
                 self.env[name] = self.eval(param.default)
@@ -225,7 +319,11 @@ class Interpreter:
         name = fn.name.value
         if name in _LOSS_FUNCTIONS or is_loss_name(name):
             return True
-        return name in ("forward", "__call__") and self.cls is not None and is_loss_name(self.cls.node.name.value)
+        return (
+            name in ("forward", "__call__")
+            and self.cls is not None
+            and is_loss_name(self.cls.node.name.value)
+        )
 
     # ----------------------------------------------------------------- statements
 
@@ -255,9 +353,11 @@ class Interpreter:
             saved = self.no_grad
             for item in statement.items:
                 name = dotted_name(item.item.func) if isinstance(item.item, cst.Call) else None
-                if name is not None and name.split(".")[-1] in _NO_GRAD:
-                    self.no_grad = True
-                elif isinstance(item.item, cst.Call) and isinstance(item.item.func, cst.Attribute) and item.item.func.attr.value == "set_grad_enabled":
+                if (name is not None and name.split(".")[-1] in _NO_GRAD) or (
+                    isinstance(item.item, cst.Call)
+                    and isinstance(item.item.func, cst.Attribute)
+                    and item.item.func.attr.value == "set_grad_enabled"
+                ):
                     self.no_grad = True
                 if item.asname is not None:
                     self.assign(item.asname.name, Unknown(_code(item.item), ("context",)), item)
@@ -310,7 +410,11 @@ class Interpreter:
         estimator: it compares with a string or mentions the KL."""
         text = _code(test)
         lowered = text.lower()
-        selects = "kl" in lowered or "estimator" in lowered or any(isinstance(n, cst.SimpleString) for n in _descendants(test))
+        selects = (
+            "kl" in lowered
+            or "estimator" in lowered
+            or any(isinstance(n, cst.SimpleString) for n in _descendants(test))
+        )
         return text if selects else _HIDDEN + text
 
     def exec_small(self, small: cst.BaseSmallStatement) -> bool:
@@ -324,7 +428,11 @@ class Interpreter:
             op = _BINOPS.get(type(small.operator).__name__.replace("Assign", ""))
             current = self.eval(small.target)
             value = self.eval(small.value)
-            combined = self.binary(op, current, value, small) if op else Unknown(_code(small), ("augassign",))
+            combined = (
+                self.binary(op, current, value, small)
+                if op
+                else Unknown(_code(small), ("augassign",))
+            )
             self.assign(small.target, combined, small)
         elif isinstance(small, cst.Expr):
             self.eval(small.value)
@@ -348,15 +456,37 @@ class Interpreter:
         if isinstance(value, Seq) and value.items and isinstance(node.value, (cst.Tuple, cst.List)):
             # ``return loss, metrics``: the elements named like a loss, else the first.
             elements = [e.value for e in node.value.elements]
-            named = [v for e, v in zip(elements, value.items) if isinstance(e, cst.Name) and is_loss_name(e.value)]
+            named = [
+                v
+                for e, v in zip(elements, value.items)
+                if isinstance(e, cst.Name) and is_loss_name(e.value)
+            ]
             for item in named or value.items[:1]:
                 self.add_sink(item, description, True, node)
             return
         self.add_sink(value, description, True, node)
 
-    def add_sink(self, value: Value, description: str, strong: bool, node: cst.CSTNode, *, backward: bool = False) -> None:
+    def add_sink(
+        self,
+        value: Value,
+        description: str,
+        strong: bool,
+        node: cst.CSTNode,
+        *,
+        backward: bool = False,
+    ) -> None:
         if self.depth == 0:
-            self.context.sinks.append(Sink(value, description, strong, node, self.function_name, self.function_node, backward))
+            self.context.sinks.append(
+                Sink(
+                    value,
+                    description,
+                    strong,
+                    node,
+                    self.function_name,
+                    self.function_node,
+                    backward,
+                )
+            )
 
     def assign(self, target: cst.BaseExpression, value: Value, node: cst.CSTNode) -> None:
         if self.no_grad and isinstance(value, (ir.Node, Choice, Flipped)):
@@ -365,12 +495,24 @@ class Interpreter:
             value = self.lift1(value, ir.detach, node)
         if isinstance(target, cst.Name):
             name = target.value
-            if self.context.role_patterns.logprob_role(name) is not None and not isinstance(value, Unknown):
+            if self.context.role_patterns.logprob_role(name) is not None and not isinstance(
+                value, Unknown
+            ):
                 value = self.name_logprob(name, value)
             if isinstance(value, Unknown):
                 value = self.resolve(value, name, keep_unknown=True)
             elif isinstance(value, Choice):
-                value = Choice([(label, self.resolve(v, name, keep_unknown=True) if isinstance(v, Unknown) else v) for label, v in value.options])
+                value = Choice(
+                    [
+                        (
+                            label,
+                            self.resolve(v, name, keep_unknown=True)
+                            if isinstance(v, Unknown)
+                            else v,
+                        )
+                        for label, v in value.options
+                    ]
+                )
             self.env[name] = value
             if is_loss_name(name):
                 self.add_sink(value, f"assigned to `{name}`", False, node)
@@ -380,7 +522,15 @@ class Interpreter:
                 if isinstance(value, Seq) and i < len(value.items):
                     item: Value = value.items[i]
                 elif isinstance(value, Unknown):
-                    item = Unknown(f"{value.text}[{i}]", value.names, value.call, value.stored, value.reference_model, value.logprob_op, value.detached)
+                    item = Unknown(
+                        f"{value.text}[{i}]",
+                        value.names,
+                        value.call,
+                        value.stored,
+                        value.reference_model,
+                        value.logprob_op,
+                        value.detached,
+                    )
                 else:
                     item = Unknown(_code(element), ("unpacked",))
                 self.assign(element, item, node)
@@ -405,20 +555,35 @@ class Interpreter:
         nodes = [v for _, v in value.options] if isinstance(value, Choice) else [value]
         if any(isinstance(n, ir.Node) and n.has_role(Role.REFERENCE_LOGP) for n in nodes):
             return value
-        logprob_nodes = [n for n in nodes if isinstance(n, ir.Node) and any(n.has_role(r) for r in (Role.POLICY_LOGP, Role.OLD_LOGP))]
+        logprob_nodes = [
+            n
+            for n in nodes
+            if isinstance(n, ir.Node)
+            and any(n.has_role(r) for r in (Role.POLICY_LOGP, Role.OLD_LOGP))
+        ]
         detached = bool(logprob_nodes) and not any(ir.depends_on_policy(n) for n in logprob_nodes)
         return self.resolve(Unknown(name, (name,), call=True, detached=detached))
 
-    def resolve(self, unknown: Unknown, target: str | None = None, *, keep_unknown: bool = False) -> Value:
+    def resolve(
+        self, unknown: Unknown, target: str | None = None, *, keep_unknown: bool = False
+    ) -> Value:
         """Decide what an unknown value is, from the strongest evidence first."""
         patterns = self.context.role_patterns
         role: Role | None = None
         name = target or unknown.text
         prob = False
-        if target is not None and (roles.is_logprob_name(target) or roles.is_prob_name(target) or patterns.logprob_role(target)):
+        if target is not None and (
+            roles.is_logprob_name(target)
+            or roles.is_prob_name(target)
+            or patterns.logprob_role(target)
+        ):
             role = patterns.logprob_role(target)
             prob = roles.is_prob_name(target) and not roles.is_logprob_name(target)
-            if role is Role.POLICY_LOGP and patterns.role_from_words(target) is None and unknown.reference_model:
+            if (
+                role is Role.POLICY_LOGP
+                and patterns.role_from_words(target) is None
+                and unknown.reference_model
+            ):
                 role = Role.REFERENCE_LOGP
         if role is None:
             for hint in reversed(unknown.names):
@@ -432,7 +597,11 @@ class Interpreter:
                     break
             else:
                 if unknown.logprob_op and target is not None:
-                    role = Role.REFERENCE_LOGP if unknown.reference_model else patterns.role_from_words(target) or Role.POLICY_LOGP
+                    role = (
+                        Role.REFERENCE_LOGP
+                        if unknown.reference_model
+                        else patterns.role_from_words(target) or Role.POLICY_LOGP
+                    )
         if role is None:
             if keep_unknown:
                 return unknown
@@ -509,7 +678,9 @@ class Interpreter:
             if truth is False:
                 return self.eval(expr.orelse)
             label = self.condition_label(expr.test)
-            return _choice([(label, self.eval(expr.body)), (_negate(label), self.eval(expr.orelse))])
+            return _choice(
+                [(label, self.eval(expr.body)), (_negate(label), self.eval(expr.orelse))]
+            )
         if isinstance(expr, (cst.Tuple, cst.List)):
             return Seq([self.eval(e.value) for e in expr.elements if isinstance(e, cst.Element)])
         if isinstance(expr, cst.Dict):
@@ -544,7 +715,11 @@ class Interpreter:
         if name in self.module.constants:
             constant = self.module.constants[name]
             if isinstance(constant, (cst.SimpleString, cst.Integer, cst.Float, cst.Name)):
-                return self.eval(constant) if not isinstance(constant, cst.Name) else Unknown(name, (name,))
+                return (
+                    self.eval(constant)
+                    if not isinstance(constant, cst.Name)
+                    else Unknown(name, (name,))
+                )
         return Unknown(name, (name,))
 
     def eval_attribute(self, expr: cst.Attribute) -> Value:
@@ -560,10 +735,19 @@ class Interpreter:
             names = (*base.names, attr)
             stored = base.stored or (not base.call and _is_container_chain(base.names))
             module = f"{base.module}.{attr}" if base.module else None
-            unknown = Unknown(_code(expr), names, base.call, stored, base.reference_model, base.logprob_op, base.detached or attr == "data", module)
+            unknown = Unknown(
+                _code(expr),
+                names,
+                base.call,
+                stored,
+                base.reference_model,
+                base.logprob_op,
+                base.detached or attr == "data",
+                module,
+            )
             default = self.config_default(base, attr)
             return default if default is not None else unknown
-        if isinstance(base, FuncRef) or isinstance(base, Py):
+        if isinstance(base, (FuncRef, Py)):
             return Unknown(_code(expr), (attr,))
         return Unknown(_code(expr), (attr,))
 
@@ -583,21 +767,31 @@ class Interpreter:
         if len(values) != 1:
             return None
         sources = sorted({d.source for d in defaults})
-        return Py(defaults[0].value, source="; ".join(sources[:2]) + (" ..." if len(sources) > 2 else ""))
+        return Py(
+            defaults[0].value, source="; ".join(sources[:2]) + (" ..." if len(sources) > 2 else "")
+        )
 
     def eval_subscript(self, expr: cst.Subscript) -> Value:
         base = self.eval(expr.value)
         key_value: Value | None = None
         if len(expr.slice) == 1 and isinstance(expr.slice[0].slice, cst.Index):
             key_value = self.eval(expr.slice[0].slice.value)
-        if isinstance(base, DictVal) and isinstance(key_value, Py) and isinstance(key_value.value, str):
+        if (
+            isinstance(base, DictVal)
+            and isinstance(key_value, Py)
+            and isinstance(key_value.value, str)
+        ):
             return base.items.get(key_value.value, Unknown(_code(expr), (key_value.value,)))
         if isinstance(base, Seq):
             if isinstance(key_value, ir.Const) and float(key_value.value).is_integer():
                 index = int(key_value.value)
                 if -len(base.items) <= index < len(base.items):
                     return base.items[index]
-            if isinstance(key_value, Py) and isinstance(key_value.value, int) and not isinstance(key_value.value, bool):
+            if (
+                isinstance(key_value, Py)
+                and isinstance(key_value.value, int)
+                and not isinstance(key_value.value, bool)
+            ):
                 index = key_value.value
                 if -len(base.items) <= index < len(base.items):
                     return base.items[index]
@@ -606,10 +800,24 @@ class Interpreter:
                 return _choice([(f"{label} == {i}", item) for i, item in enumerate(base.items)])
             return Unknown(_code(expr), ("slice",))
         if isinstance(base, Unknown):
-            key = key_value.value if isinstance(key_value, Py) and isinstance(key_value.value, str) else None
+            key = (
+                key_value.value
+                if isinstance(key_value, Py) and isinstance(key_value.value, str)
+                else None
+            )
             names = (*base.names, key) if key else base.names
-            stored = base.stored or (not base.call and (_is_container_chain(base.names) or key is not None))
-            return Unknown(_code(expr), names, base.call, stored, base.reference_model, base.logprob_op, base.detached)
+            stored = base.stored or (
+                not base.call and (_is_container_chain(base.names) or key is not None)
+            )
+            return Unknown(
+                _code(expr),
+                names,
+                base.call,
+                stored,
+                base.reference_model,
+                base.logprob_op,
+                base.detached,
+            )
         if isinstance(base, (ir.Node, Choice, Flipped)):
             return base  # slicing a tensor keeps what it is
         return Unknown(_code(expr), ("subscript",))
@@ -618,14 +826,14 @@ class Interpreter:
 
     def truth(self, expr: cst.BaseExpression) -> bool | None:
         if isinstance(expr, cst.BooleanOperation):
-            left, right = self.truth(expr.left), self.truth(expr.right)
+            first, second = self.truth(expr.left), self.truth(expr.right)
             if isinstance(expr.operator, cst.And):
-                if left is False or right is False:
+                if first is False or second is False:
                     return False
-                return True if left is True and right is True else None
-            if left is True or right is True:
+                return True if first is True and second is True else None
+            if first is True or second is True:
                 return True
-            return False if left is False and right is False else None
+            return False if first is False and second is False else None
         if isinstance(expr, cst.UnaryOperation) and isinstance(expr.operator, cst.Not):
             inner = self.truth(expr.expression)
             return None if inner is None else not inner
@@ -667,7 +875,13 @@ class Interpreter:
             return Flipped(fn(value.node))  # elementwise ops commute with a flip
         return fn(self.as_node(value, node))
 
-    def lift2(self, left: Value, right: Value, fn: Callable[[ir.Node, ir.Node], ir.Node], node: cst.CSTNode) -> Value:
+    def lift2(
+        self,
+        left: Value,
+        right: Value,
+        fn: Callable[[ir.Node, ir.Node], ir.Node],
+        node: cst.CSTNode,
+    ) -> Value:
         if isinstance(left, Choice) or isinstance(right, Choice):
             lefts = left.options if isinstance(left, Choice) else [("", left)]
             rights = right.options if isinstance(right, Choice) else [("", right)]
@@ -684,9 +898,15 @@ class Interpreter:
         if isinstance(left, Flipped) or isinstance(right, Flipped):
             other = right if isinstance(left, Flipped) else left
             other_node = self.as_node(other, node)
-            if not any(isinstance(a, ir.Atom) and a.role in (Role.POLICY_LOGP, Role.REFERENCE_LOGP, Role.OLD_LOGP, Role.ADVANTAGE) for a in other_node.atoms()):
-                flipped = left.node if isinstance(left, Flipped) else right.node  # type: ignore[union-attr]
-                return Flipped(fn(flipped, other_node) if isinstance(left, Flipped) else fn(other_node, flipped))
+            if not any(
+                a.role in (Role.POLICY_LOGP, Role.REFERENCE_LOGP, Role.OLD_LOGP, Role.ADVANTAGE)
+                for a in other_node.atoms()
+            ):
+                # A mask or a coefficient broadcast over time commutes with the flip.
+                if isinstance(left, Flipped):
+                    return Flipped(fn(left.node, other_node))
+                assert isinstance(right, Flipped)
+                return Flipped(fn(other_node, right.node))
             return ir.Opaque("flipped tensor mixed with an unflipped one")
         return fn(self.as_node(left, node), self.as_node(right, node))
 
@@ -701,27 +921,71 @@ class Interpreter:
             if method in ("backward", "manual_backward"):
                 target = args[0].value if args else func.value
                 value = self.eval(target)
-                self.add_sink(value, f"`{_code(call)}`" if len(_code(call)) < 60 else f"`.{method}()`", True, call, backward=True)
+                self.add_sink(
+                    value,
+                    f"`{_code(call)}`" if len(_code(call)) < 60 else f"`.{method}()`",
+                    True,
+                    call,
+                    backward=True,
+                )
                 return Py(None)
             receiver = self.eval(func.value)
-            if method in _MUTATING and isinstance(func.value, cst.Name) and func.value.value in self.env:
+            if (
+                method in _MUTATING
+                and isinstance(func.value, cst.Name)
+                and func.value.value in self.env
+            ):
                 name = func.value.value
                 self.env[name] = Unknown(name, (name,))
                 return Py(None)
             if isinstance(receiver, Unknown) and receiver.module is not None:
                 return self.call_module_function(receiver.module, method, call, args, kwargs)
-            if isinstance(receiver, (ir.Node, Choice, Flipped)) and not isinstance(receiver, ir.Opaque):
-                return self.tensor_op(method, receiver, [self.eval(a.value) for a in args], {k: self.eval(v) for k, v in kwargs.items()}, call)
-            if isinstance(receiver, Unknown) and receiver.names and receiver.names[0] == "self" and len(receiver.names) == 1:
+            if isinstance(receiver, (ir.Node, Choice, Flipped)) and not isinstance(
+                receiver, ir.Opaque
+            ):
+                return self.tensor_op(
+                    method,
+                    receiver,
+                    [self.eval(a.value) for a in args],
+                    {k: self.eval(v) for k, v in kwargs.items()},
+                    call,
+                )
+            if (
+                isinstance(receiver, Unknown)
+                and receiver.names
+                and receiver.names[0] == "self"
+                and len(receiver.names) == 1
+            ):
                 if self.cls is not None and method in self.cls.methods:
-                    return self.inline(FuncRef(self.cls.methods[method], self.module, self.cls, bound=True), call)
+                    return self.inline(
+                        FuncRef(self.cls.methods[method], self.module, self.cls, bound=True), call
+                    )
             if isinstance(receiver, Unknown):
-                if method in _TENSOR_IDENTITY or method in _UNARY or method in _DETACHING or method in ("sum", "mean", "clamp", "exp"):
+                if (
+                    method in _TENSOR_IDENTITY
+                    or method in _UNARY
+                    or method in _DETACHING
+                    or method in ("sum", "mean", "clamp", "exp")
+                ):
                     node = self.resolve(receiver)
                     if isinstance(node, ir.Node) and not isinstance(node, ir.Opaque):
-                        return self.tensor_op(method, node, [self.eval(a.value) for a in args], {k: self.eval(v) for k, v in kwargs.items()}, call)
+                        return self.tensor_op(
+                            method,
+                            node,
+                            [self.eval(a.value) for a in args],
+                            {k: self.eval(v) for k, v in kwargs.items()},
+                            call,
+                        )
                     if method in _DETACHING:
-                        return Unknown(_code(call), receiver.names, receiver.call, receiver.stored, receiver.reference_model, receiver.logprob_op, True)
+                        return Unknown(
+                            _code(call),
+                            receiver.names,
+                            receiver.call,
+                            receiver.stored,
+                            receiver.reference_model,
+                            receiver.logprob_op,
+                            True,
+                        )
                     if method in _TENSOR_IDENTITY:
                         return receiver
                 return self.unknown_call(call, method, receiver, args)
@@ -739,13 +1003,35 @@ class Interpreter:
             return self.named_call(name, call, args, kwargs, callee)
         return Unknown(_code(call), ("call",), call=True)
 
-    def call_module_function(self, module: str, name: str, call: cst.Call, args: list[cst.Arg], kwargs: dict[str, cst.BaseExpression]) -> Value:
+    def call_module_function(
+        self,
+        module: str,
+        name: str,
+        call: cst.Call,
+        args: list[cst.Arg],
+        kwargs: dict[str, cst.BaseExpression],
+    ) -> Value:
         root = module.split(".")[0]
         if root in ("torch", "numpy", "np", "math", "jax", "scipy") or module.startswith("torch"):
             if root != "torch":
                 return Unknown(_code(call), (name,), call=True)  # no autograd through numpy & co.
-            if name in ("kl_div", "kl_divergence", "cross_entropy", "nll_loss", "mse_loss", "logsigmoid",
-                        "sigmoid", "softplus", "binary_cross_entropy_with_logits", "where", "cat", "min", "max", "maximum", "minimum"):
+            if name in (
+                "kl_div",
+                "kl_divergence",
+                "cross_entropy",
+                "nll_loss",
+                "mse_loss",
+                "logsigmoid",
+                "sigmoid",
+                "softplus",
+                "binary_cross_entropy_with_logits",
+                "where",
+                "cat",
+                "min",
+                "max",
+                "maximum",
+                "minimum",
+            ):
                 return ir.Opaque(f"torch.{name}")
             arg_values = [self.eval(a.value) for a in args]
             kw_values = {k: self.eval(v) for k, v in kwargs.items()}
@@ -758,7 +1044,11 @@ class Interpreter:
                 return ir.Const(0.0, origin=self.origin(call))
             if name == "ones_like":
                 return ir.Const(1.0, origin=self.origin(call))
-            if name in ("tensor", "as_tensor", "scalar_tensor") and arg_values and isinstance(arg_values[0], ir.Const):
+            if (
+                name in ("tensor", "as_tensor", "scalar_tensor")
+                and arg_values
+                and isinstance(arg_values[0], ir.Const)
+            ):
                 return arg_values[0]
             if name in _LOGPROB_OPS or name == "log_softmax":
                 return self.logprob_call(call, name, args)
@@ -774,12 +1064,21 @@ class Interpreter:
         if name in imported.imports:
             target = imported.imports[name]
             if target.name is not None:
-                resolved = self.context.project.resolve_module(target.module, imported.path, target.level)
+                resolved = self.context.project.resolve_module(
+                    target.module, imported.path, target.level
+                )
                 if resolved is not None and target.name in resolved.functions:
                     return self.inline(FuncRef(resolved.functions[target.name], resolved), call)
         return self.named_call(name, call, args, kwargs, None)
 
-    def named_call(self, name: str, call: cst.Call, args: list[cst.Arg], kwargs: dict[str, cst.BaseExpression], callee: Unknown | None) -> Value:
+    def named_call(
+        self,
+        name: str,
+        call: cst.Call,
+        args: list[cst.Arg],
+        kwargs: dict[str, cst.BaseExpression],
+        callee: Unknown | None,
+    ) -> Value:
         if name in _AGGREGATORS and args:
             values = [self.eval(a.value) for a in args]
             kw = {k: self.eval(v) for k, v in kwargs.items()}
@@ -789,7 +1088,9 @@ class Interpreter:
             kind = "sum" if "sum" in name else "mean"
             origin = self.origin(call)
             mask_node = self.as_node(mask, call) if mask is not None else None
-            return self.lift1(values[0], lambda n: ir.Reduce(kind, axis, n, mask_node, origin=origin), call)
+            return self.lift1(
+                values[0], lambda n: ir.Reduce(kind, axis, n, mask_node, origin=origin), call
+            )
         if roles.is_logprob_name(name) or name in _LOGPROB_OPS or "log_softmax" in name:
             return self.logprob_call(call, name, args)
         return Unknown(_code(call), (name,), call=True, reference_model=self._reference_args(call))
@@ -801,18 +1102,42 @@ class Interpreter:
 
     def logprob_call(self, call: cst.Call, name: str, args: list[cst.Arg]) -> Value:
         hints = [n for a in args[:1] for n in _chain_names(a.value)]
-        return Unknown(_code(call), (name, *hints), call=True, reference_model=self._reference_args(call), logprob_op=True)
+        return Unknown(
+            _code(call),
+            (name, *hints),
+            call=True,
+            reference_model=self._reference_args(call),
+            logprob_op=True,
+        )
 
-    def unknown_call(self, call: cst.Call, method: str, receiver: Unknown, args: list[cst.Arg]) -> Value:
+    def unknown_call(
+        self, call: cst.Call, method: str, receiver: Unknown, args: list[cst.Arg]
+    ) -> Value:
         if method == "log_prob":
-            return Unknown(_code(call), (*receiver.names, "log_prob"), call=True, reference_model=self.context.role_patterns.is_reference_model(receiver.names), logprob_op=True, stored=False)
+            return Unknown(
+                _code(call),
+                (*receiver.names, "log_prob"),
+                call=True,
+                reference_model=self.context.role_patterns.is_reference_model(receiver.names),
+                logprob_op=True,
+                stored=False,
+            )
         if method in _AGGREGATORS:
-            return self.named_call(method, call, args, {a.keyword.value: a.value for a in call.args if a.keyword is not None}, None)
+            return self.named_call(
+                method,
+                call,
+                args,
+                {a.keyword.value: a.value for a in call.args if a.keyword is not None},
+                None,
+            )
         if roles.is_logprob_name(method) or method in _LOGPROB_OPS:
             return self.logprob_call(call, method, args)
         return Unknown(
-            _code(call), (*receiver.names, method), call=True,
-            reference_model=self._reference_args(call) or self.context.role_patterns.is_reference_model(receiver.names),
+            _code(call),
+            (*receiver.names, method),
+            call=True,
+            reference_model=self._reference_args(call)
+            or self.context.role_patterns.is_reference_model(receiver.names),
         )
 
     def inline(self, ref: FuncRef, call: cst.Call) -> Value:
@@ -839,10 +1164,20 @@ class Interpreter:
                 index += 1
         site = self.call_site or self.origin(call)
         if self.call_site is None:
-            site = ir.Origin(self.context.path, helper=_helper_label(ref, self.context), cst_node=call, helper_node=ref.node)
+            site = ir.Origin(
+                self.context.path,
+                helper=_helper_label(ref, self.context),
+                cst_node=call,
+                helper_node=ref.node,
+            )
         callee = Interpreter(
-            self.context, ref.module, ref.cls, depth=self.depth + 1, call_site=site,
-            stack=(*self.stack, key), function_name=ref.node.name.value,
+            self.context,
+            ref.module,
+            ref.cls,
+            depth=self.depth + 1,
+            call_site=site,
+            stack=(*self.stack, key),
+            function_name=ref.node.name.value,
         )
         # Parameters the caller did not pass take their defaults, evaluated in
         # the callee's module: that is how a keyword default picks a branch.
@@ -853,7 +1188,14 @@ class Interpreter:
 
     # ----------------------------------------------------------------- tensor operations
 
-    def tensor_op(self, name: str, receiver: Value, args: list[Value], kwargs: dict[str, Value], call: cst.Call) -> Value:
+    def tensor_op(
+        self,
+        name: str,
+        receiver: Value,
+        args: list[Value],
+        kwargs: dict[str, Value],
+        call: cst.Call,
+    ) -> Value:
         origin = self.origin(call)
         if name in _TENSOR_IDENTITY:
             return receiver
@@ -861,7 +1203,11 @@ class Interpreter:
             return self.lift1(receiver, lambda n: ir.detach(n, origin), call)
         if name in _UNARY:
             op = _UNARY[name]
-            return self.lift1(receiver, lambda n: ir.neg(n, origin) if op == "neg" else ir.Unary(op, n, origin=origin), call)
+            return self.lift1(
+                receiver,
+                lambda n: ir.neg(n, origin) if op == "neg" else ir.Unary(op, n, origin=origin),
+                call,
+            )
         if name in _BINARY_METHODS:
             other = args[0] if args else kwargs.get("other", kwargs.get("exponent", Py(None)))
             return self.binary(_BINARY_METHODS[name], receiver, other, call)
@@ -899,7 +1245,22 @@ class Interpreter:
 # --------------------------------------------------------------------- helpers
 
 _BINOPS = {"Add": "add", "Subtract": "sub", "Multiply": "mul", "Divide": "div", "Power": "pow"}
-_CONFIG_WORDS = frozenset({"config", "cfg", "args", "opt", "opts", "hparams", "params", "conf", "settings", "options", "training", "hyperparams"})
+_CONFIG_WORDS = frozenset(
+    {
+        "config",
+        "cfg",
+        "args",
+        "opt",
+        "opts",
+        "hparams",
+        "params",
+        "conf",
+        "settings",
+        "options",
+        "training",
+        "hyperparams",
+    }
+)
 
 
 def _compare(operator: cst.BaseCompOp, left: Value, right: Value) -> bool | None:
@@ -958,7 +1319,11 @@ def _axis(dim: Value | None) -> Axis:
 def _float(value: Value | None) -> float | None:
     if isinstance(value, ir.Const):
         return value.value
-    if isinstance(value, Py) and isinstance(value.value, (int, float)) and not isinstance(value.value, bool):
+    if (
+        isinstance(value, Py)
+        and isinstance(value.value, (int, float))
+        and not isinstance(value.value, bool)
+    ):
         return float(value.value)
     return None
 
@@ -998,8 +1363,6 @@ def _same(a: Value, b: Value) -> bool:
     if isinstance(a, ir.Node) and isinstance(b, ir.Node):
         return ir.structure(a) == ir.structure(b)
     return False
-
-
 
 
 _AND = "\x00"  # separates the conjuncts of a branch condition; shown as " and "
@@ -1051,7 +1414,9 @@ def _merge(then_env: dict[str, Value], else_env: dict[str, Value], label: str) -
 
 
 def _is_selector_literal(expr: cst.BaseExpression) -> bool:
-    return isinstance(expr, (cst.SimpleString, cst.Integer)) or (isinstance(expr, cst.Name) and expr.value in ("True", "False"))
+    return isinstance(expr, (cst.SimpleString, cst.Integer)) or (
+        isinstance(expr, cst.Name) and expr.value in ("True", "False")
+    )
 
 
 def _decorated_no_grad(fn: cst.FunctionDef) -> bool:
@@ -1096,7 +1461,11 @@ def _helper_label(ref: FuncRef, context: FileContext) -> str:
     except ValueError:
         shown = path.as_posix()
     line = ref.module.line_of_def(ref.node.name.value)
-    return f"`{ref.node.name.value}` ({shown}:{line})" if line else f"`{ref.node.name.value}` ({shown})"
+    return (
+        f"`{ref.node.name.value}` ({shown}:{line})"
+        if line
+        else f"`{ref.node.name.value}` ({shown})"
+    )
 
 
 _EMPTY_MODULE = cst.Module(body=[])
@@ -1113,7 +1482,9 @@ def _code(node: cst.CSTNode) -> str:
 def iter_functions(module: ModuleInfo) -> Iterator[tuple[cst.FunctionDef, ClassInfo | None]]:
     """Every function and method of a module, nested ones included."""
 
-    def nested(fn: cst.FunctionDef, cls: ClassInfo | None) -> Iterator[tuple[cst.FunctionDef, ClassInfo | None]]:
+    def nested(
+        fn: cst.FunctionDef, cls: ClassInfo | None
+    ) -> Iterator[tuple[cst.FunctionDef, ClassInfo | None]]:
         yield fn, cls
         for child in _walk_defs(fn.body):
             yield from nested(child, cls)

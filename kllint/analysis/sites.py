@@ -15,7 +15,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kllint.analysis import ir
-from kllint.analysis.gradient import UNCLASSIFIED, GradientProfile, Unsupported, estimator_name, profile
+from kllint.analysis.gradient import (
+    UNCLASSIFIED,
+    GradientProfile,
+    Unsupported,
+    estimator_name,
+    profile,
+)
 from kllint.analysis.ir import Role
 from kllint.analysis.roles import words
 
@@ -78,7 +84,9 @@ def kl_terms(value: ir.Node) -> list[ir.Node]:
     return [
         t
         for t in _split(value)
-        if t.has_role(Role.REFERENCE_LOGP) and any(t.has_role(r) for r in _LOGPROB_ROLES) and not _is_preference_contrast(t)
+        if t.has_role(Role.REFERENCE_LOGP)
+        and any(t.has_role(r) for r in _LOGPROB_ROLES)
+        and not _is_preference_contrast(t)
     ]
 
 
@@ -90,7 +98,11 @@ def _is_preference_contrast(term: ir.Node) -> bool:
     reference = _names(term, Role.REFERENCE_LOGP)
     if len(policy) >= 2 and len(reference) >= 2:
         return True
-    return any(w in ("chosen", "rejected", "preferred", "dispreferred", "win", "lose", "winner", "loser") for n in policy + reference for w in words(n))
+    return any(
+        w in ("chosen", "rejected", "preferred", "dispreferred", "win", "lose", "winner", "loser")
+        for n in policy + reference
+        for w in words(n)
+    )
 
 
 def _has_reference(node: ir.Node) -> bool:
@@ -109,11 +121,20 @@ def _is_separate_loss(node: ir.Node) -> bool:
 
 
 def _is_reduced(node: ir.Node) -> bool:
-    while isinstance(node, ir.Unary) and node.op == "neg" or isinstance(node, ir.Binary) and node.op in ("mul", "div") and not _has_reference(node.right):
-        node = node.arg if isinstance(node, ir.Unary) else node.left  # type: ignore[union-attr]
-    while isinstance(node, ir.Binary) and node.op == "mul" and not _has_reference(node.left):
-        node = node.right
-    return isinstance(node, ir.Reduce)
+    """Already a loss of its own: a reduction under signs and coefficients."""
+    while True:
+        if isinstance(node, ir.Unary) and node.op == "neg":
+            node = node.arg
+        elif (
+            isinstance(node, ir.Binary)
+            and node.op in ("mul", "div")
+            and not _has_reference(node.right)
+        ):
+            node = node.left
+        elif isinstance(node, ir.Binary) and node.op == "mul" and not _has_reference(node.left):
+            node = node.right
+        else:
+            return isinstance(node, ir.Reduce)
 
 
 def _split(node: ir.Node) -> list[ir.Node]:
@@ -135,7 +156,9 @@ def _split(node: ir.Node) -> list[ir.Node]:
     if isinstance(node, ir.Unary) and node.op in ("neg", "detach"):
         return [ir.Unary(node.op, t, origin=origin) for t in _split(node.arg)]
     if isinstance(node, ir.Reduce):
-        return [ir.Reduce(node.kind, node.axis, t, node.mask, origin=origin) for t in _split(node.arg)]
+        return [
+            ir.Reduce(node.kind, node.axis, t, node.mask, origin=origin) for t in _split(node.arg)
+        ]
     if isinstance(node, ir.CumSum):
         return [ir.CumSum(t, node.reverse, origin=origin) for t in _split(node.arg)]
     if isinstance(node, ir.Binary) and node.op == "mul":
@@ -153,11 +176,17 @@ def focus_of(term: ir.Node) -> ir.Node:
     reference-free factors (coefficients, masks, importance ratios)."""
     node = term
     while True:
-        if isinstance(node, (ir.Reduce, ir.CumSum)):
+        if (
+            isinstance(node, (ir.Reduce, ir.CumSum))
+            or (isinstance(node, ir.Unary) and node.op in ("neg", "detach"))
+            or isinstance(node, ir.Clamp)
+        ):
             node = node.arg
-        elif isinstance(node, ir.Unary) and node.op in ("neg", "detach") or isinstance(node, ir.Clamp):
-            node = node.arg
-        elif isinstance(node, ir.Binary) and node.op in ("mul", "div") and not _has_reference(node.right):
+        elif (
+            isinstance(node, ir.Binary)
+            and node.op in ("mul", "div")
+            and not _has_reference(node.right)
+        ):
             node = node.left
         elif isinstance(node, ir.Binary) and node.op == "mul" and not _has_reference(node.left):
             node = node.right
@@ -185,7 +214,9 @@ def _has_ratio_factor(term: ir.Node, focus: ir.Node) -> bool:
 _PROFILES: dict[tuple[object, ...], GradientProfile | None] = {}
 
 
-def build_site(term: ir.Node, sink: str, strong: bool, branch: str, fallback: ir.Origin) -> KLSite | None:
+def build_site(
+    term: ir.Node, sink: str, strong: bool, branch: str, fallback: ir.Origin
+) -> KLSite | None:
     key = ir.structure(term)
     if key not in _PROFILES:  # alternatives of unrelated branches repeat the same term
         try:

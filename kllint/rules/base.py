@@ -65,7 +65,11 @@ def names(values: list[str]) -> str:
 
 def where(site: KLSite) -> str:
     """The shared middle of every message: estimator, roles, sink, branch."""
-    parts = [f"with gradient through {names(site.policy_names)} (policy)" if site.policy_names else "with no policy log-prob"]
+    parts = [
+        f"with gradient through {names(site.policy_names)} (policy)"
+        if site.policy_names
+        else "with no policy log-prob"
+    ]
     parts.append(f"against {names(site.reference_names)} (reference)")
     text = " ".join(parts) + f", reaching the loss via {site.sink}"
     if site.origin.helper:

@@ -31,7 +31,9 @@ def message(site: KLSite) -> str:
             "whose expectation is grad KL(pi_ref||pi) of the sequence, not grad KL(pi||pi_ref)"
         )
     elif not p.token_level or p.credit.value == "none":
-        consequence += "; summed over tokens it is also only the token-level part of the sequence gradient"
+        consequence += (
+            "; summed over tokens it is also only the token-level part of the sequence gradient"
+        )
     return f"{site.estimator} estimate is differentiated as a loss, {where(site)}: {consequence}"
 
 
