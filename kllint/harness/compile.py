@@ -16,14 +16,26 @@ Atoms are bound on the rows of a tabular instance (``tabular.Rows``):
 
 An atom of level ``sequence`` is the masked sum over time of its token values.
 
-Shapes: each row is one sequence, evaluated as a batch of one. Per-token
-values are ``[N, T]``; per-sequence values ``[N, 1]``. Statistics *over the
-batch* (the denominator of a masked mean over ``batch`` or ``all``) are taken
-over the rows with their weights, i.e. over the exact distribution of
-sequences, as they would be on a very large batch: ``sum(x * mask) /
-sum(mask)`` over a batch is ``sum_t x_t m_t / E[sum_t m_t]`` per sequence.
-Reductions of a per-sequence value are the identity (a batch of one), and a
-per-token term left unreduced counts as summed over the row's real tokens.
+How the batch is modelled: the batch *is* the distribution. Each row is
+one sequence, and an operation over time acts on that row alone (``mean``
+over time with a mask divides by that sequence's own length). A reduction
+over ``batch`` or ``all`` is an expectation over the rows with their weights
+(``pi(y)``, detached): the limit of a large batch, where ``sum(x * mask) /
+sum(mask)`` over the batch's tokens is ``E[sum_t x_t m_t] / E[|y|]``, a positive
+constant times the per-sequence sum, not ``1/|y|`` per sequence. The loss is
+then a function of per-sequence values and batch expectations, and its
+gradient the expected gradient of the code's loss on a large batch:
+
+* a per-token value left unreduced counts as summed over each row's real
+  tokens, then averaged over the rows: ``E[sum_t v_t m_t]``;
+* a per-sequence value is averaged over the rows: ``E[v]``;
+* a value already reduced over the batch is the loss itself.
+
+Values carry two flags: ``per_token`` (``[., T]`` rather than ``[., 1]``) and
+``batch`` (reduced over the batch: one row, ``[1, .]``), so broadcasting lines
+per-row and batch values up as the code would. Finite-batch effects of order
+1/B (a ratio of batch sums, a baseline that includes the sample) are not
+modelled.
 """
 
 from __future__ import annotations
@@ -96,8 +108,9 @@ def check_supported(term: ir.Node) -> set[str]:
 
 @dataclass
 class _Value:
-    tensor: torch.Tensor  # [N, T] per token; [N, 1] or [] per sequence
+    tensor: torch.Tensor  # [N, T], [N, 1], [1, T] or [1, 1] (or [] for a constant)
     per_token: bool
+    batch: bool  # reduced over the batch (or a constant): the same for every row
 
 
 @dataclass
@@ -111,54 +124,58 @@ class _Bindings:
     def horizon(self) -> int:
         return self.rows.mask.shape[1]
 
-    def batch_mean(self, x: torch.Tensor) -> torch.Tensor:
-        """``E[x]`` over the rows (the batch), with the rows' weights."""
-        weight = self.rows.weight.reshape((-1,) + (1,) * (x.dim() - 1))
-        return (weight * x).sum(dim=0) / self.rows.weight.sum()
+    def expectation(self, x: torch.Tensor) -> torch.Tensor:
+        """``E[x]`` over the rows with their weights, keeping a leading 1:
+        ``[N, k] -> [1, k]``. For an enumeration this is the exact expectation
+        under pi; for samples, the batch mean the code computes."""
+        weight = self.rows.weight.reshape(-1, 1)
+        return (weight * x).sum(dim=0, keepdim=True) / self.rows.weight.sum()
 
 
-def per_sequence_term(
+def expected_loss(
     term: ir.Node, policy_logits: torch.Tensor, reference_logits: torch.Tensor, rows: Rows
 ) -> torch.Tensor:
-    """The term's value for each row, ``[N]``, differentiable in ``policy_logits``."""
+    """The term's loss on the batch ``rows`` (a scalar), differentiable in
+    ``policy_logits``. With the enumerated rows its gradient is the exact
+    expected gradient of the code's loss."""
     check_supported(term)
-    bindings = _Bindings(
+    b = _Bindings(
         policy_logp=token_logp(policy_logits, rows),
         reference_logp=token_logp(reference_logits, rows),
         rows=rows,
     )
-    value = _evaluate(term, bindings)
-    n = rows.mask.shape[0]
-    if value.per_token:
-        # An unreduced per-token term counts as summed over the real tokens.
-        per_row = (value.tensor * rows.mask).sum(dim=1)
+    value = _evaluate(term, b)
+    x = value.tensor
+    if value.batch:
+        loss = x.sum()  # a batch scalar, or a per-position vector summed over positions
+    elif value.per_token:
+        loss = b.expectation((x * rows.mask).sum(dim=1, keepdim=True)).sum()
     else:
-        per_row = torch.broadcast_to(value.tensor, (n, 1)).reshape(n)
-    if not torch.isfinite(per_row).all():
+        loss = b.expectation(torch.broadcast_to(x, (rows.mask.shape[0], 1))).sum()
+    if not torch.isfinite(loss):
         raise Unsupported(
             "the term is not finite on the tabular instance (log or sqrt outside its domain?)"
         )
-    return per_row
+    return loss
 
 
 def expected_gradient(
     term: ir.Node, policy_logits: torch.Tensor, reference_logits: torch.Tensor, rows: Rows
 ) -> tuple[torch.Tensor, float]:
-    """``grad_theta sum_n weight[n] * term(y_n)`` flattened, and the weighted
-    value. With the enumerated rows (weights ``pi(y)`` detached) this is
-    ``E_{y ~ pi}[grad term(y)]`` exactly: one backward pass."""
+    """The gradient of :func:`expected_loss` (flattened over the logits) and
+    its value. With the enumerated rows, weights ``pi(y)`` detached, a term
+    linear in per-sequence values gets ``E_{y ~ pi}[grad term(y)]`` exactly:
+    one backward pass."""
     theta = policy_logits.detach().clone().requires_grad_(True)
-    per_row = per_sequence_term(term, theta, reference_logits, rows)
-    objective = (rows.weight * per_row).sum()
-    if objective.requires_grad:
-        (grad,) = torch.autograd.grad(objective, theta, allow_unused=True)
-    else:
-        grad = None
+    loss = expected_loss(term, theta, reference_logits, rows)
+    grad = None
+    if loss.requires_grad:
+        (grad,) = torch.autograd.grad(loss, theta, allow_unused=True)
     if grad is None:  # the term does not depend on the policy at all
         grad = torch.zeros_like(theta)
     if not torch.isfinite(grad).all():
         raise Unsupported("the gradient is not finite on the tabular instance")
-    return grad.reshape(-1), float(objective.detach())
+    return grad.reshape(-1), float(loss.detach())
 
 
 def _evaluate(node: ir.Node, b: _Bindings) -> _Value:
@@ -172,33 +189,34 @@ def _evaluate(node: ir.Node, b: _Bindings) -> _Value:
 
 def _evaluate_node(node: ir.Node, b: _Bindings) -> _Value:
     if isinstance(node, ir.Const):
-        return _Value(torch.tensor(float(node.value), dtype=DTYPE), per_token=False)
+        return _Value(torch.tensor(float(node.value), dtype=DTYPE), per_token=False, batch=True)
     if isinstance(node, ir.Atom):
         return _atom(node, b)
     if isinstance(node, ir.Unary):
         x = _evaluate(node.arg, b)
-        return _Value(_UNARY[node.op](x.tensor), x.per_token)
+        return _Value(_UNARY[node.op](x.tensor), x.per_token, x.batch)
     if isinstance(node, ir.Binary):
         left, right = _evaluate(node.left, b), _evaluate(node.right, b)
         return _Value(
-            _BINARY[node.op](left.tensor, right.tensor), left.per_token or right.per_token
+            _BINARY[node.op](left.tensor, right.tensor),
+            per_token=left.per_token or right.per_token,
+            batch=left.batch and right.batch,
         )
     if isinstance(node, ir.Clamp):
         x = _evaluate(node.arg, b)
         if node.low is None and node.high is None:
             return x
-        return _Value(torch.clamp(x.tensor, min=node.low, max=node.high), x.per_token)
+        return _Value(torch.clamp(x.tensor, min=node.low, max=node.high), x.per_token, x.batch)
     if isinstance(node, ir.Reduce):
         return _reduce(node, b)
     if isinstance(node, ir.CumSum):
         x = _evaluate(node.arg, b)
         if not x.per_token:
             raise Unsupported("a cumulative sum over time of a per-sequence value")
-        t = torch.broadcast_to(x.tensor, b.rows.mask.shape)
         if node.reverse:
             # G_t = sum_{s >= t} x_s, the reward-to-go
-            return _Value(t.flip(1).cumsum(1).flip(1), per_token=True)
-        return _Value(t.cumsum(1), per_token=True)
+            return _Value(x.tensor.flip(1).cumsum(1).flip(1), True, x.batch)
+        return _Value(x.tensor.cumsum(1), True, x.batch)
     raise Unsupported(f"unknown IR node {type(node).__name__}")
 
 
@@ -212,51 +230,60 @@ def _atom(atom: ir.Atom, b: _Bindings) -> _Value:
     elif atom.role is Role.MASK:
         x = b.rows.mask
     elif atom.role is Role.COEFFICIENT:
-        return _Value(torch.tensor(1.0, dtype=DTYPE), per_token=False)
+        return _Value(torch.tensor(1.0, dtype=DTYPE), per_token=False, batch=True)
     else:
         raise Unsupported(f"an atom of role {atom.role.value} ({atom.name})")
     if atom.level is Level.SEQUENCE:
-        return _Value((x * b.rows.mask).sum(dim=1, keepdim=True), per_token=False)
-    return _Value(x, per_token=True)
+        return _Value((x * b.rows.mask).sum(dim=1, keepdim=True), per_token=False, batch=False)
+    return _Value(x, per_token=True, batch=False)
 
 
 def _reduce(node: ir.Reduce, b: _Bindings) -> _Value:
     x = _evaluate(node.arg, b)
-    mask = None if node.mask is None else _evaluate(node.mask, b)
-    if mask is not None and not mask.per_token:
-        raise Unsupported("a reduction masked by a per-sequence value")
-    if not x.per_token:
-        if mask is not None:
-            raise Unsupported("a masked reduction of a per-sequence value")
-        # Over a batch of one sequence, any reduction of a per-sequence value
-        # is the identity (a mean over B sequences is a positive 1/B scale).
-        return x
-    horizon = b.horizon
-    values = torch.broadcast_to(x.tensor, b.rows.mask.shape)
-    m = None if mask is None else torch.broadcast_to(mask.tensor, b.rows.mask.shape)
-    masked = values if m is None else values * m
-    if node.axis is Axis.BATCH:
-        if node.kind == "sum" or m is None:
-            return _Value(masked, per_token=True)
-        # sum_b x_bt m_bt / sum_b m_bt on a large batch: x_t m_t / E[m_t]
-        count = b.batch_mean(m)
-        if (count <= 0).any():
-            raise Unsupported("a masked mean over the batch of a position no sequence reaches")
-        return _Value(masked / count, per_token=True)
-    total = masked.sum(dim=1, keepdim=True)
-    if node.kind == "sum":
-        return _Value(total, per_token=False)
-    if m is None:
-        return _Value(total / horizon, per_token=False)
-    if node.axis is Axis.TIME:
+    m = None if node.mask is None else _evaluate(node.mask, b)
+    if m is not None and not (m.per_token and x.per_token):
+        raise Unsupported("a masked reduction of a per-sequence value, or with a per-sequence mask")
+    if m is not None and m.batch != x.batch:
+        raise Unsupported("a reduction masked by a value reduced over the batch, or of one")
+    mean = node.kind == "mean"
+    if node.axis is Axis.TIME or (node.axis is Axis.ALL and x.batch):
+        # Over the tokens of each sequence (or of a per-position batch vector).
+        if not x.per_token:
+            return x  # a per-sequence value has one entry over time
+        total = (x.tensor if m is None else x.tensor * m.tensor).sum(dim=1, keepdim=True)
+        if not mean:
+            return _Value(total, per_token=False, batch=x.batch)
+        if m is None:
+            return _Value(total / b.horizon, per_token=False, batch=x.batch)
         # Each sequence's own length: the per-sequence 1/|y| normalisation.
-        length = m.sum(dim=1, keepdim=True)
+        length = m.tensor.sum(dim=1, keepdim=True)
         if (length <= 0).any():
             raise Unsupported("a masked mean over time of a sequence with no real token")
-        return _Value(total / length, per_token=False)
-    # Axis.ALL: sum_{b,t} x m / sum_{b,t} m on a large batch is
-    # sum_t x_t m_t / E[|y|] per sequence: a positive constant, not 1/|y|.
-    expected_length = b.batch_mean(m.sum(dim=1))
-    if expected_length <= 0:
+        return _Value(total / length, per_token=False, batch=x.batch)
+    if x.batch:
+        raise Unsupported("a reduction over the batch of a value already reduced over the batch")
+    if node.axis is Axis.BATCH:
+        if not x.per_token:
+            return _Value(b.expectation(x.tensor), per_token=False, batch=True)
+        values = x.tensor if m is None else x.tensor * m.tensor
+        if m is None or not mean:
+            return _Value(b.expectation(values), per_token=True, batch=True)
+        # sum_b x_bt m_bt / sum_b m_bt: E[x_t m_t] / E[m_t] per position.
+        count = b.expectation(m.tensor)
+        if (count <= 0).any():
+            raise Unsupported("a masked mean over the batch at a position no sequence reaches")
+        return _Value(b.expectation(values) / count, per_token=True, batch=True)
+    # Axis.ALL over per-row values: E over the rows of the sum over time.
+    if not x.per_token:
+        return _Value(b.expectation(x.tensor), per_token=False, batch=True)
+    total = b.expectation((x.tensor if m is None else x.tensor * m.tensor).sum(dim=1, keepdim=True))
+    if not mean:
+        return _Value(total, per_token=False, batch=True)
+    if m is None:
+        return _Value(total / b.horizon, per_token=False, batch=True)
+    # sum_{b,t} x m / sum_{b,t} m on a large batch: E[sum_t x_t m_t] / E[|y|],
+    # a positive constant times the per-sequence sum, not 1/|y|.
+    expected_length = b.expectation(m.tensor.sum(dim=1, keepdim=True))
+    if (expected_length <= 0).any():
         raise Unsupported("a masked mean over the batch with no real token")
-    return _Value(total / expected_length, per_token=False)
+    return _Value(total / expected_length, per_token=False, batch=True)

@@ -9,6 +9,7 @@ checks.
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass
 
@@ -306,8 +307,8 @@ def render_table(rows: list[Row]) -> str:
     out.append(LEGEND + ".")
     out.append(
         "correct = grad KL(pi||pi_ref); wrong-direction = grad KL(pi_ref||pi); partial = the token-level "
-        "partial gradient of KL(pi||pi_ref) (prefix distribution held fixed); x<c> = a positive factor "
-        "(direction agrees); biased (~v) = matches no target, nearest v."
+        "partial gradient of KL(pi||pi_ref) (prefix distribution held fixed); v x<c> = verdict v up to a positive factor c; "
+        "biased (~v) = matches no target, nearest v."
     )
     out.append(
         "Exact expectations on tabular policies, logits N(0, 1) (KL ~ 1 nat per action): K = 100 "
@@ -320,6 +321,10 @@ def render_table(rows: list[Row]) -> str:
 def main_estimators(plot: str | None = None) -> int:
     """Print the table and, with ``plot``, write the training figure there.
     Returns 0, or 2 when the figure cannot be written."""
+    if plot is not None and not os.path.isdir(os.path.dirname(os.path.abspath(plot))):
+        # Fail before the table and seconds of training, not after.
+        print(f"kllint: cannot write {plot}: no such directory", file=sys.stderr)
+        return 2
     print(render_table(estimator_table()))
     if plot is not None:
         try:

@@ -141,7 +141,7 @@ def _plot(path: str, steps: int, plt: Any, cell: Any, estimator_table: Any) -> N
     table = {row.name: row for row in estimator_table()}
     inst = tabular.instance(tabular.VARIABLE_LENGTH, SEED)
     best, kl_star = optimum(inst, rewards(inst, SEED))
-    fig, (ax_alone, ax_kl, ax_gap) = plt.subplots(1, 3, figsize=(17, 5.6))
+    fig, (ax_alone, ax_kl, ax_gap) = plt.subplots(1, 3, figsize=(17, 6.2))
     colors = plt.get_cmap("tab10").colors
     for (name, style), color in zip(PLOTTED, colors[: len(PLOTTED)], strict=True):
         row = table[name]
@@ -187,6 +187,6 @@ def _plot(path: str, steps: int, plt: Any, cell: Any, estimator_table: Any) -> N
         "(121 sequences enumerated); legend: estimator and its harness verdict on variable lengths",
         fontsize=11,
     )
-    fig.tight_layout(rect=(0, 0.1, 1, 0.93))
+    fig.tight_layout(rect=(0, 0.13, 1, 0.93))
     fig.savefig(path, dpi=110)
     plt.close(fig)

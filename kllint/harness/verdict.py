@@ -400,10 +400,15 @@ def combination_text(combination: dict[str, float]) -> str:
 
 
 def _factor_story(r: InstanceResult) -> str:
+    """``correct up to a positive factor``: the verdict with the scale divided out."""
+    assert r.target is not None
+    story = f"{TARGET_VERDICT[r.target]} up to a positive factor"
     factors = [f for f in r.factors if f is not None]
     if factors and max(factors) - min(factors) > FACTOR_TOLERANCE * max(abs(f) for f in factors):
-        return f"direction agrees, step scaled by a policy-dependent {min(factors):.3g} to {max(factors):.3g}"
-    return "direction agrees, step scaled"
+        story += (
+            f" that depends on the policy ({min(factors):.3g} to {max(factors):.3g} over the seeds)"
+        )
+    return story
 
 
 def _differs(r: InstanceResult, main: InstanceResult) -> bool:
