@@ -1,0 +1,450 @@
+"""The confirmation harness: canonical KL surrogates get the verdicts KL_MATH.md
+derives, computed exactly on tabular policies.
+
+Each test reads as an example: build the IR of a surrogate the way the
+analysis would lower training code, confirm it, and check the verdict.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+import time
+
+import pytest
+
+from kllint.analysis import ir
+from kllint.analysis.ir import Axis, Level, Role
+
+# ------------------------------------------------------------------ no torch on import
+
+
+def test_importing_kllint_does_not_import_torch() -> None:
+    # The linter must start fast and work without torch: only confirm_site & co
+    # import it, on first use.
+    code = (
+        "import sys, kllint, kllint.analysis, kllint.analysis.ir, kllint.findings, kllint.harness; "
+        "assert 'torch' not in sys.modules, 'torch imported'; "
+        "assert 'matplotlib' not in sys.modules, 'matplotlib imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+torch = pytest.importorskip("torch")
+
+from kllint.analysis.sites import KLSite  # noqa: E402
+from kllint.findings import Finding  # noqa: E402
+from kllint.harness import (  # noqa: E402
+    confirm_findings,
+    confirm_site,
+    tabular,
+)
+from kllint.harness.compile import expected_gradient  # noqa: E402
+from kllint.harness.confirm import SEEDS, measure  # noqa: E402
+from kllint.harness.verdict import (  # noqa: E402
+    KL,
+    MATCH_TOLERANCE,
+    PARTIAL_KL,
+    PARTIAL_REVERSE_KL,
+    REVERSE_KL,
+    VERDICTS,
+    Confirmation,
+)
+
+# ------------------------------------------------------------------ building the IR
+
+policy_logp = ir.Atom(Role.POLICY_LOGP, "logp")
+reference_logp = ir.Atom(Role.REFERENCE_LOGP, "ref_logp")
+old_logp = ir.Atom(Role.OLD_LOGP, "old_logp")
+mask = ir.Atom(Role.MASK, "mask")
+beta = ir.Atom(Role.COEFFICIENT, "beta")
+
+
+def sub(a: ir.Node, b: ir.Node) -> ir.Node:
+    return ir.Binary("sub", a, b)
+
+
+def mul(a: ir.Node, b: ir.Node) -> ir.Node:
+    return ir.Binary("mul", a, b)
+
+
+def sg(x: ir.Node) -> ir.Node:
+    return ir.Unary("detach", x)
+
+
+def exp(x: ir.Node) -> ir.Node:
+    return ir.Unary("exp", x)
+
+
+def masked_sum(x: ir.Node) -> ir.Node:
+    return ir.Reduce("sum", Axis.TIME, x, mask)
+
+
+log_ratio = sub(policy_logp, reference_logp)
+# k3 as GRPO writes it: exp(ref - logp) - (ref - logp) - 1
+k3 = sub(
+    sub(exp(sub(reference_logp, policy_logp)), sub(reference_logp, policy_logp)), ir.Const(1.0)
+)
+k2 = mul(ir.Const(0.5), ir.Unary("square", log_ratio))
+ratio = exp(sub(policy_logp, old_logp))  # pi / pi_old on fresh samples
+reward_to_go = ir.CumSum(sg(mul(log_ratio, mask)), reverse=True)
+
+
+def verdicts(c: Confirmation) -> tuple[str, str, str]:
+    """(one action, fixed length, variable length)."""
+    return tuple(c.instances[name].verdict for name in tabular.INSTANCES)  # type: ignore[return-value]
+
+
+# ------------------------------------------------------------------ KL_MATH.md, one action
+
+
+def test_k1_has_zero_expected_gradient() -> None:
+    c = confirm_site(masked_sum(log_ratio))
+    assert verdicts(c) == ("zero-gradient",) * 3
+    assert c.summary().startswith("confirmed: E[grad] = 0")
+
+
+def test_k3_loss_follows_the_reverse_kl() -> None:
+    # One action: grad KL(pi_ref||pi). Summed over tokens it keeps only each
+    # token's own term: the token-level partial gradient of KL(pi_ref||pi).
+    c = confirm_site(masked_sum(k3))
+    assert verdicts(c) == ("wrong-direction", "partial-wrong-direction", "partial-wrong-direction")
+    assert c.instances["bandit"].target == REVERSE_KL
+
+
+def test_k3_of_the_sequence_log_ratio_is_wrong_direction_everywhere() -> None:
+    minus_r = masked_sum(sub(reference_logp, policy_logp))
+    c = confirm_site(sub(sub(exp(minus_r), minus_r), ir.Const(1.0)))
+    assert verdicts(c) == ("wrong-direction",) * 3
+    assert c.verdict == "wrong-direction"
+    assert c.summary().startswith("confirmed: E[grad] = grad KL(pi_ref||pi) (rel. err ")
+    assert "; distance to grad KL(pi||pi_ref): 0." in c.summary()
+
+
+def test_sequence_level_atoms_are_the_masked_sum_over_time() -> None:
+    seq_logp = ir.Atom(Role.POLICY_LOGP, "seq_logp", Level.SEQUENCE)
+    seq_ref = ir.Atom(Role.REFERENCE_LOGP, "seq_ref", Level.SEQUENCE)
+    minus_r = sub(seq_ref, seq_logp)
+    c = confirm_site(sub(sub(exp(minus_r), minus_r), ir.Const(1.0)))
+    assert verdicts(c) == ("wrong-direction",) * 3
+
+
+def test_k2_per_token_is_correct_for_one_action_and_partial_for_sequences() -> None:
+    c = confirm_site(masked_sum(k2))
+    assert verdicts(c) == ("correct", "partial", "partial")
+    assert c.target == PARTIAL_KL and c.factor == 1.0
+    assert "one action: correct" in c.summary()
+
+
+def test_per_token_score_function_is_partial() -> None:
+    c = confirm_site(masked_sum(mul(sg(log_ratio), policy_logp)))
+    assert verdicts(c) == ("correct", "partial", "partial")
+
+
+def test_importance_weighted_k3_is_correct_per_token_and_partial_for_sequences() -> None:
+    c = confirm_site(masked_sum(mul(ratio, k3)))
+    assert verdicts(c) == ("correct", "partial", "partial")
+
+
+def test_importance_weighted_k1_is_correct_per_token() -> None:
+    c = confirm_site(masked_sum(mul(ratio, log_ratio)))
+    assert verdicts(c) == ("correct", "partial", "partial")
+
+
+def test_importance_weighted_k2_is_biased() -> None:
+    c = confirm_site(masked_sum(mul(ratio, k2)))
+    assert verdicts(c) == ("biased",) * 3
+    assert c.summary().startswith("biased: E[grad] matches no target; nearest ")
+
+
+def test_k3_as_a_reward_is_the_difference_of_the_two_gradients() -> None:
+    # E[k3 grad logp] = grad KL(pi||pi_ref) - grad KL(pi_ref||pi), exactly.
+    c = confirm_site(masked_sum(mul(sg(k3), policy_logp)))
+    assert verdicts(c) == ("biased",) * 3
+    assert c.instances["bandit"].combination == pytest.approx({KL: 1.0, REVERSE_KL: -1.0}, abs=1e-9)
+    assert c.instances["sequences"].combination == pytest.approx(
+        {PARTIAL_KL: 1.0, PARTIAL_REVERSE_KL: -1.0}, abs=1e-9
+    )
+
+
+def test_clamped_k3_is_biased_where_the_clamp_is_active() -> None:
+    c = confirm_site(masked_sum(ir.Clamp(k3, None, 1.0)))
+    assert verdicts(c) == ("biased",) * 3
+
+
+def test_a_clamp_that_is_never_active_changes_nothing() -> None:
+    c = confirm_site(masked_sum(ir.Clamp(k3, -1e6, 1e6)))
+    assert verdicts(c) == ("wrong-direction", "partial-wrong-direction", "partial-wrong-direction")
+
+
+# ------------------------------------------------------------------ KL_MATH.md, sequences
+
+
+def test_reward_to_go_is_correct() -> None:
+    c = confirm_site(masked_sum(mul(reward_to_go, policy_logp)))
+    assert verdicts(c) == ("correct",) * 3
+    assert c.summary().startswith("confirmed: E[grad] = grad KL(pi||pi_ref) (rel. err ")
+
+
+def test_sequence_score_function_is_correct() -> None:
+    c = confirm_site(mul(sg(masked_sum(log_ratio)), masked_sum(policy_logp)))
+    assert verdicts(c) == ("correct",) * 3
+
+
+def test_value_preserving_surrogate_logs_k3_and_descends_the_kl() -> None:
+    surrogate = ir.Binary("add", sg(k3), mul(reward_to_go, sub(policy_logp, sg(policy_logp))))
+    assert verdicts(confirm_site(masked_sum(surrogate))) == ("correct",) * 3
+
+
+def test_sequence_k3_as_reward_plus_as_loss_is_correct() -> None:
+    minus_r = masked_sum(sub(reference_logp, policy_logp))
+    k3_sequence = sub(sub(exp(minus_r), minus_r), ir.Const(1.0))
+    both = ir.Binary("add", mul(sg(k3_sequence), masked_sum(policy_logp)), k3_sequence)
+    assert verdicts(confirm_site(both)) == ("correct",) * 3
+
+
+def test_per_sequence_length_normalisation_is_a_scale_at_fixed_length_and_biased_otherwise() -> (
+    None
+):
+    c = confirm_site(ir.Reduce("mean", Axis.TIME, mul(reward_to_go, policy_logp), mask))
+    assert verdicts(c) == ("correct", "scaled", "biased")
+    assert c.instances["sequences"].factor == pytest.approx(1 / tabular.HORIZON, rel=1e-12)
+    assert c.verdict == "biased"
+
+
+def test_token_mean_over_the_batch_is_a_scale_of_one_over_the_expected_length() -> None:
+    # sum_{b,t} x m / sum_{b,t} m on a large batch = sum_t x_t m_t / E|y| per
+    # sequence: a positive constant, the direction is right.
+    c = confirm_site(ir.Reduce("mean", Axis.ALL, mul(reward_to_go, policy_logp), mask))
+    assert verdicts(c) == ("correct", "scaled", "scaled")
+    assert c.up_to_scale == "correct"
+    for s in c.instances["variable_length"].seeds:
+        expected_length = tabular.cached_targets(tabular.VARIABLE_LENGTH, s.seed).expected_length
+        assert s.factor == pytest.approx(1 / expected_length, rel=1e-12)
+    assert "correct up to a positive factor that depends on the policy" in c.summary()
+
+
+def test_a_ratio_of_batch_sums_is_a_batch_statistic_not_a_per_sequence_length() -> None:
+    # loss = (kl * mask).sum() / mask.sum(): both sums run over the whole
+    # batch, so the denominator is ~B E|y|, the same for every sequence.
+    token_mean = ir.Binary(
+        "div",
+        ir.Reduce("sum", Axis.ALL, mul(k3, mask)),
+        ir.Reduce("sum", Axis.ALL, mask),
+    )
+    c = confirm_site(token_mean)
+    assert (c.verdict, c.target, c.up_to_scale) == (
+        "scaled",
+        PARTIAL_REVERSE_KL,
+        "partial-wrong-direction",
+    )
+    assert c.instances["bandit"].verdict == "wrong-direction"
+    assert c.summary().startswith(
+        "confirmed: E[grad] = 0.335 x token-level partial grad KL(pi_ref||pi)"
+    )
+
+
+def test_a_coefficient_computed_from_the_batch_scales_the_gradient() -> None:
+    # An adaptive coefficient, sg(batch mean of the sequence log-ratio) = KL > 0:
+    # a positive, policy-dependent factor on the per-token k2 gradient.
+    adaptive = sg(ir.Reduce("mean", Axis.BATCH, masked_sum(log_ratio)))
+    c = confirm_site(mul(adaptive, masked_sum(k2)))
+    assert verdicts(c) == ("scaled",) * 3
+    assert c.up_to_scale == "partial"
+    for s in c.instances["variable_length"].seeds:
+        assert s.factor == pytest.approx(s.kl, rel=1e-12)
+
+
+# ------------------------------------------------------------------ scale, sign, coefficients
+
+
+def test_a_coefficient_is_set_to_one_and_said_so() -> None:
+    c = confirm_site(mul(beta, masked_sum(mul(reward_to_go, policy_logp))))
+    assert c.verdict == "correct"
+    assert c.notes == ("coefficients set to 1: beta",)
+    assert "coefficients set to 1" in c.summary()
+
+
+def test_a_constant_factor_is_scaled_with_the_factor_reported() -> None:
+    c = confirm_site(mul(ir.Const(0.1), masked_sum(mul(reward_to_go, policy_logp))))
+    assert (c.verdict, c.target, c.up_to_scale) == ("scaled", KL, "correct")
+    assert c.factor == pytest.approx(0.1, rel=1e-12)
+
+
+def test_a_subtracted_kl_is_negated() -> None:
+    c = confirm_site(ir.Unary("neg", masked_sum(k2)))
+    assert verdicts(c) == ("negated",) * 3
+    assert c.factor == pytest.approx(-1.0)
+    assert "training increases it" in c.summary()
+
+
+def test_a_term_without_gradient_to_the_policy_is_zero() -> None:
+    assert confirm_site(sg(masked_sum(k3))).verdict == "zero-gradient"
+
+
+# ------------------------------------------------------------------ unconfirmed, never a guess
+
+
+def test_opaque_values_are_not_confirmed() -> None:
+    c = confirm_site(mul(ir.Opaque("call to my_kl_helper"), masked_sum(k3)))
+    assert c.verdict == "unconfirmed"
+    assert "my_kl_helper" in c.summary()
+    assert c.instances == {}
+
+
+def test_advantages_are_not_confirmed() -> None:
+    advantage = ir.Atom(Role.ADVANTAGE, "advantages")
+    c = confirm_site(masked_sum(mul(sub(advantage, sg(k3)), policy_logp)))
+    assert c.verdict == "unconfirmed"
+    assert "advantages" in (c.reason or "")
+
+
+def test_unknown_operations_are_not_confirmed() -> None:
+    c = confirm_site(masked_sum(ir.Unary("sin", log_ratio)))
+    assert (c.verdict, c.reason) == ("unconfirmed", "unknown unary operation 'sin'")
+
+
+def test_values_outside_the_domain_are_not_confirmed() -> None:
+    c = confirm_site(masked_sum(ir.Unary("log", sub(reference_logp, policy_logp))))
+    assert c.verdict == "unconfirmed"
+    assert "not finite" in (c.reason or "")
+
+
+# ------------------------------------------------------------------ the numbers behind the verdicts
+
+
+def test_targets_are_far_apart_and_matches_are_exact() -> None:
+    # The thresholds (verdict.py) rest on these two numbers: agreement is
+    # rounding (~1e-15) and distinct targets are >= 0.17 apart (measured:
+    # 0.171, KL vs its partial on fixed-length sequences at seed 2).
+    separations = []
+    for name in tabular.INSTANCES:
+        for seed in SEEDS:
+            gradients = tabular.cached_targets(name, seed).gradients
+            for a in gradients:
+                for b in gradients:
+                    if a != b:
+                        separations.append(measure(gradients[a], {b: gradients[b]})[b].rel_err)
+    assert min(separations) == pytest.approx(0.171, abs=0.002)
+    assert min(separations) > 1e5 * MATCH_TOLERANCE
+
+    exact = confirm_site(masked_sum(mul(reward_to_go, policy_logp)))
+    worst = max(r.rel_err or 0.0 for r in exact.instances.values())
+    assert worst < 1e-13
+
+
+def test_the_bandit_partial_is_the_full_gradient() -> None:
+    # With one token there is no prefix: the token-level partial gradient is
+    # the full one, so the bandit has two distinct targets only.
+    inst = tabular.instance(tabular.BANDIT, 0)
+    assert set(tabular.cached_targets(tabular.BANDIT, 0).gradients) == {KL, REVERSE_KL}
+    assert not inst.has_prefixes
+
+
+def test_instances_are_far_from_the_reference() -> None:
+    # Near the reference the two gradients agree to first order; at ~1 nat
+    # per action they differ by tens of per cent.
+    for name in tabular.INSTANCES:
+        for seed in SEEDS:
+            inst = tabular.instance(name, seed)
+            rows = tabular.enumerated(inst, inst.policy_logits)
+            assert float(rows.weight.sum()) == pytest.approx(1.0, abs=1e-12)
+            exact = tabular.cached_targets(name, seed)
+            per_token = exact.kl / exact.expected_length  # measured: 0.47 to 1.19 nats
+            assert 0.4 < per_token < 1.3, (name, seed, per_token)
+
+
+def test_every_seed_agrees_and_the_worst_case_is_reported() -> None:
+    c = confirm_site(masked_sum(k3))
+    assert c.seeds == SEEDS
+    for result in c.instances.values():
+        assert [s.seed for s in result.seeds] == list(SEEDS)
+        assert {s.verdict for s in result.seeds} == {result.verdict}
+        target = result.target
+        assert target is not None and result.rel_err is not None
+        assert result.rel_err == max(s.targets[target].rel_err for s in result.seeds)
+
+
+def test_monte_carlo_agrees_with_the_exact_expectation() -> None:
+    # Sample sequences token by token (not through the enumeration) and
+    # average the autograd gradient of per-token k3 over batches: along the
+    # exact expected gradient and along the way to grad KL(pi||pi_ref), the
+    # sampled mean is within 4 standard errors of the exact one, and the
+    # correct gradient is many standard errors away.
+    inst = tabular.instance(tabular.SEQUENCES, 0)
+    term = masked_sum(k3)
+    exact_rows = tabular.enumerated(inst, inst.policy_logits)
+    exact, _ = expected_gradient(term, inst.policy_logits, inst.reference_logits, exact_rows)
+    correct = tabular.cached_targets(tabular.SEQUENCES, 0).gradients[KL]
+    generator = torch.Generator().manual_seed(123)
+    batches = []
+    with tabular.single_threaded():
+        for _ in range(20):
+            rows = tabular.sample(inst, inst.policy_logits, 400, generator)
+            grad, _ = expected_gradient(term, inst.policy_logits, inst.reference_logits, rows)
+            batches.append(grad)
+    sampled = torch.stack(batches)
+    for direction in (exact, correct - exact):
+        u = direction / direction.norm()
+        projections = sampled @ u
+        standard_error = projections.std() / math.sqrt(len(batches))
+        z = (projections.mean() - exact @ u) / standard_error
+        assert abs(float(z)) < 4
+    u = (correct - exact) / (correct - exact).norm()
+    standard_error = (sampled @ u).std() / math.sqrt(len(batches))
+    assert float((correct - exact) @ u / standard_error) > 10
+
+
+def test_one_confirmation_takes_milliseconds() -> None:
+    term = masked_sum(mul(ratio, k3))
+    confirm_site(term)  # instances and targets are built once, then cached
+    start = time.perf_counter()
+    for _ in range(5):
+        confirm_site(term)
+    per_confirmation = (time.perf_counter() - start) / 5
+    assert per_confirmation < 0.1  # ~6 ms measured on 2 cores: 3 instances x 3 seeds
+
+
+# ------------------------------------------------------------------ findings and serialisation
+
+
+def test_confirm_findings_fills_each_finding() -> None:
+    origin = ir.Origin("train.py", 3, 5, 3, 40, code="kl = low_var_kl(logp, ref_logp)")
+    term = masked_sum(k3)
+    with_site = Finding(
+        "KL002",
+        "differentiated-k3-estimate",
+        "train.py",
+        3,
+        5,
+        3,
+        40,
+        "k3 reaches the loss",
+        site=KLSite(term=term, focus=k3, origin=origin, sink="loss.backward()"),
+    )
+    without_site = Finding("KL001", "differentiated-k1-estimate", "train.py", 9, 1, 9, 10, "k1")
+    confirm_findings([with_site, without_site])
+
+    assert with_site.confirmation is not None and without_site.confirmation is not None
+    assert with_site.confirmation["verdict"] == "partial-wrong-direction"
+    assert with_site.confirmation["instances"]["bandit"]["verdict"] == "wrong-direction"
+    assert with_site.confirmation["summary"].startswith("confirmed: E[grad] = token-level partial")
+    assert without_site.confirmation["verdict"] == "unconfirmed"
+    assert "no KL site" in without_site.confirmation["reason"]
+    json.dumps([with_site.confirmation, without_site.confirmation], allow_nan=False)
+
+
+def test_every_verdict_is_in_the_vocabulary_and_serialises() -> None:
+    terms = [
+        masked_sum(log_ratio),
+        masked_sum(k3),
+        masked_sum(mul(ratio, k2)),
+        ir.Unary("neg", masked_sum(k2)),
+        ir.Opaque("unknown"),
+    ]
+    for term in terms:
+        record = confirm_site(term).to_dict()
+        assert record["verdict"] in VERDICTS
+        json.loads(json.dumps(record, allow_nan=False))
