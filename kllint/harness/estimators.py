@@ -85,8 +85,9 @@ sequence_logp = token_sum(policy_logp)
 k3_sequence = k3(token_sum(sub(reference_logp, policy_logp)))
 
 # The clamp threshold: k3 > 1 needs logr < -1.15 or logr > 1.84, which at
-# KL(pi||pi_ref) ~ 1 nat (logits of scale 1) covers several per cent of the
-# probability mass; verl's [-10, 10] is active only far from the reference.
+# KL ~ 1 nat per action (logits of scale 1) holds on 8% to 46% of the tokens'
+# probability mass (measured over the 3 instances x 3 seeds); verl's
+# [-10, 10] is active only far from the reference.
 K3_CLAMP = 1.0
 
 # Short names for shared subterms when a formula is printed (legend below the table).

@@ -115,7 +115,7 @@ def enumerated(instance: Instance, policy_logits: torch.Tensor) -> Rows:
     """Every sequence, weighted by its probability under the policy, detached:
     ``sum_n weight[n] * f(y_n)`` is ``E_{y ~ pi}[f(y)]`` exactly, and its
     autograd gradient is ``E[grad f]`` with no score term for the sampling."""
-    rows = _enumeration(instance)
+    rows = all_sequences(instance)
     with torch.no_grad():
         weight = token_logp(policy_logits, rows).sum(dim=1).exp()
     return Rows(rows.prefix_index, rows.token, rows.mask, weight)
@@ -165,7 +165,7 @@ def targets(instance: Instance, policy_logits: torch.Tensor) -> Targets:
     expectation.
     """
     theta = policy_logits.detach().clone().requires_grad_(True)
-    rows = _enumeration(instance)
+    rows = all_sequences(instance)
     policy_logp = token_logp(theta, rows).sum(dim=1)
     reference_logp = token_logp(instance.reference_logits, rows).sum(dim=1)
     p, q = policy_logp.exp(), reference_logp.exp()
@@ -174,7 +174,7 @@ def targets(instance: Instance, policy_logits: torch.Tensor) -> Targets:
     objectives = {KL: kl, REVERSE_KL: reverse_kl}
     if instance.has_prefixes:
         # P_pi(h): the product of the policy's probabilities along the prefix.
-        path = _prefix_paths(instance)
+        path = prefix_paths(instance)
         reach = token_logp(theta, path).sum(dim=1).exp().detach()
         log_pi = torch.log_softmax(theta, dim=-1)
         log_ref = torch.log_softmax(instance.reference_logits, dim=-1)
@@ -258,11 +258,12 @@ def _tree(
     return tuple(prefixes), tuple(sequences)
 
 
-def _enumeration(instance: Instance) -> Rows:
+def all_sequences(instance: Instance) -> Rows:
+    """Every sequence of the instance as rows, weights 1 (cached per shape)."""
     return _shape_rows(instance.vocab, instance.horizon, instance.eos, "sequences")
 
 
-def _prefix_paths(instance: Instance) -> Rows:
+def prefix_paths(instance: Instance) -> Rows:
     """Each prefix as a (partial) row, so that ``token_logp(...).sum(1)`` is
     ``log P_pi(h)``; the empty prefix gets an all-padding row (probability 1)."""
     return _shape_rows(instance.vocab, instance.horizon, instance.eos, "prefixes")

@@ -57,7 +57,7 @@ def _kl(inst: tabular.Instance, logits: torch.Tensor, rows: tabular.Rows) -> flo
 
 def _reach(inst: tabular.Instance, logits: torch.Tensor) -> torch.Tensor:
     """P_pi(h) for each prefix row, [P, 1]."""
-    paths = tabular._prefix_paths(inst)
+    paths = tabular.prefix_paths(inst)
     with torch.no_grad():
         return tabular.token_logp(logits, paths).sum(dim=1).exp().unsqueeze(1)
 
@@ -71,7 +71,7 @@ def optimum(
     inst: tabular.Instance, reward: torch.Tensor, beta: float = BETA
 ) -> tuple[float, float]:
     """``(J*, KL(pi*||pi_ref))`` for ``J = E[r] - beta KL``: the Gibbs policy."""
-    rows = tabular._enumeration(inst)
+    rows = tabular.all_sequences(inst)
     ref = tabular.token_logp(inst.reference_logits, rows).sum(dim=1)
     log_z = torch.logsumexp(ref + reward / beta, dim=0)
     log_star = ref + reward / beta - log_z
