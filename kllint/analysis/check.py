@@ -16,6 +16,7 @@ from kllint.analysis.interpreter import (
     FileContext,
     Interpreter,
     Sink,
+    called_names,
     iter_functions,
     show_condition,
 )
@@ -42,7 +43,12 @@ def check_source(source: str, path: str, project: Project, roles: RolePatterns) 
     module = cst.parse_module(source)
     info = project.add_module(Path(path), module, source)
     context = FileContext(
-        path=path, fs_path=Path(path), module=info, project=project, role_patterns=roles
+        path=path,
+        fs_path=Path(path),
+        module=info,
+        project=project,
+        role_patterns=roles,
+        called=called_names(module),
     )
     for fn, cls in iter_functions(info):
         Interpreter(context, info, cls).run_function(fn)
@@ -126,6 +132,14 @@ def _place(findings: list[Finding], module: cst.Module) -> None:
         code_range = positions.get(node) if node is not None else None  # type: ignore[call-overload]
         if code_range is not None:
             origin.line, origin.column = code_range.start.line, code_range.start.column + 1
+            if isinstance(node, cst.BaseExpression) and node.lpar and origin.statement is not None:
+                # A parenthesised expression starts at its "(" (positions exclude it).
+                statement_range = positions.get(origin.statement)  # type: ignore[call-overload]
+                if statement_range is not None and statement_range.start.line < origin.line:
+                    origin.line, origin.column = (
+                        statement_range.start.line,
+                        statement_range.start.column + 1,
+                    )
             origin.end_line, origin.end_column = code_range.end.line, code_range.end.column + 1
             if not origin.code and isinstance(node, cst.CSTNode):
                 origin.code = " ".join(module.code_for_node(node).split())

@@ -23,7 +23,6 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-
 import libcst as cst
 
 from kllint.analysis import ir, roles
@@ -86,6 +85,7 @@ class Unknown:
     logprob_op: bool = False  # produced by log_softmax/gather/log_prob & co.
     detached: bool = False
     module: str | None = None  # an imported module or name it refers to
+    numpy: bool = False  # a NumPy (or other non-autograd) array
 
 
 @dataclass
@@ -239,6 +239,7 @@ class FileContext:
     project: Project
     role_patterns: roles.RolePatterns
     sinks: list[Sink] = field(default_factory=list)
+    called: frozenset[str] = frozenset()  # names of functions this file calls
 
 
 # --------------------------------------------------------------------- interpreter
@@ -273,13 +274,14 @@ class Interpreter:
         self.returns: list[tuple[str, Value]] = []
         self.loss_function = False
         self.function_node: cst.FunctionDef | None = None
+        self.statement: cst.CSTNode | None = None
 
     # ----------------------------------------------------------------- origins
 
     def origin(self, node: cst.CSTNode) -> ir.Origin:
         if self.call_site is not None:
             return self.call_site
-        return ir.Origin(self.context.path, cst_node=node)
+        return ir.Origin(self.context.path, cst_node=node, statement=self.statement)
 
     # ----------------------------------------------------------------- functions
 
@@ -317,6 +319,10 @@ class Interpreter:
 
     def _is_loss_function(self, fn: cst.FunctionDef) -> bool:
         name = fn.name.value
+        if name in self.context.called:
+            # A helper of this file: judged at its call sites, where the
+            # arguments (and so the branch and the gradient path) are known.
+            return False
         if name in _LOSS_FUNCTIONS or is_loss_name(name):
             return True
         return (
@@ -336,6 +342,7 @@ class Interpreter:
 
     def exec_statement(self, statement: cst.CSTNode) -> bool:
         if isinstance(statement, cst.SimpleStatementLine):
+            self.statement = statement
             for small in statement.body:
                 if self.exec_small(small):
                     return True
@@ -433,7 +440,16 @@ class Interpreter:
                 if op
                 else Unknown(_code(small), ("augassign",))
             )
-            self.assign(small.target, combined, small)
+            if (
+                isinstance(small.target, cst.Subscript)
+                and isinstance(small.target.value, cst.Name)
+                and op in ("add", "sub")
+            ):
+                # ``rewards[:, -1] += scores`` adds to part of the tensor: what was
+                # there stays, and the new part is a separate additive term.
+                self.env[small.target.value.value] = combined
+            else:
+                self.assign(small.target, combined, small)
         elif isinstance(small, cst.Expr):
             self.eval(small.value)
         elif isinstance(small, cst.Return):
@@ -569,6 +585,8 @@ class Interpreter:
     ) -> Value:
         """Decide what an unknown value is, from the strongest evidence first."""
         patterns = self.context.role_patterns
+        if unknown.numpy:
+            return ir.Opaque(unknown.text)
         role: Role | None = None
         name = target or unknown.text
         prob = False
@@ -759,6 +777,10 @@ class Interpreter:
         if not any(w in _CONFIG_WORDS for n in base.names for w in roles.words(n)):
             return None
         defaults = self.context.project.config_defaults(self.context.fs_path, attr)
+        # ``args.x`` is an argparse namespace; ``config.x`` a config class or YAML.
+        from_args = any("args" in roles.words(n) for n in base.names)
+        preferred = [d for d in defaults if (d.kind == "argparse") == from_args]
+        defaults = preferred or defaults
         if not all(isinstance(d.value, str) for d in defaults):
             # Feature flags and numbers stay open: a default of ``use_kl_loss:
             # false`` must not hide the code path users turn on.
@@ -1014,7 +1036,9 @@ class Interpreter:
         root = module.split(".")[0]
         if root in ("torch", "numpy", "np", "math", "jax", "scipy") or module.startswith("torch"):
             if root != "torch":
-                return Unknown(_code(call), (name,), call=True)  # no autograd through numpy & co.
+                return Unknown(
+                    _code(call), (name,), call=True, numpy=True
+                )  # no autograd through numpy & co.
             if name in (
                 "kl_div",
                 "kl_divergence",
@@ -1477,6 +1501,25 @@ def _code(node: cst.CSTNode) -> str:
     except Exception:  # pragma: no cover - code generation of a partial node
         return type(node).__name__
     return " ".join(text.split())
+
+
+def called_names(module: cst.Module) -> frozenset[str]:
+    """Functions and methods this module calls by name (``f(...)``, ``self.f(...)``)."""
+    names: set[str] = set()
+
+    class _Calls(cst.CSTVisitor):
+        def visit_Call(self, node: cst.Call) -> None:
+            if isinstance(node.func, cst.Name):
+                names.add(node.func.value)
+            elif (
+                isinstance(node.func, cst.Attribute)
+                and isinstance(node.func.value, cst.Name)
+                and node.func.value.value in ("self", "cls")
+            ):
+                names.add(node.func.attr.value)
+
+    module.visit(_Calls())
+    return frozenset(names)
 
 
 def iter_functions(module: ModuleInfo) -> Iterator[tuple[cst.FunctionDef, ClassInfo | None]]:

@@ -66,6 +66,7 @@ class Origin:
     helper: str | None = None  # "function (path:line)" when lowered from a helper's body
     cst_node: object = field(default=None, repr=False)
     helper_node: object = field(default=None, repr=False)  # the helper's FunctionDef
+    statement: object = field(default=None, repr=False)  # the statement the node is in
     notes: list[str] = field(default_factory=list)  # e.g. how a selector was resolved
 
     def describe(self) -> str:

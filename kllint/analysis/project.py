@@ -37,11 +37,11 @@ _ARGPARSE = re.compile(
 _ARG_DEFAULT = re.compile(r"\bdefault\s*=\s*" + _LITERAL)
 _ARG_DEST = re.compile(r"\bdest\s*=\s*[\"'](\w+)[\"']")
 _FIELD = re.compile(
-    r"^[ \t]+(\w+)\s*:\s*[^=\n]+?=\s*(?:field\(\s*default\s*=\s*)?"
+    r"^(\w+)\s*(?::\s*[^=\n]+?)?=\s*(?:field\(\s*default\s*=\s*)?"
     + _LITERAL
-    + r"\s*\)?\s*(?:#.*)?$",
-    re.MULTILINE,
+    + r"\s*\)?\s*(?:#.*)?$"
 )
+_BLOCK = re.compile(r"^(\s*)(class|def|async\s+def)\b")
 _YAML = re.compile(
     r"^[ \t]*([A-Za-z_]\w*)[ \t]*:[ \t]*(\"[^\"\n]*\"|'[^'\n]*'|[A-Za-z_][\w.-]*|-?\d+(?:\.\d+)?)[ \t]*(?:#.*)?$",
     re.MULTILINE,
@@ -52,14 +52,15 @@ _YAML = re.compile(
 class Default:
     value: object
     source: str  # "argparse default in cli/train.py", ...
+    kind: str = "field"  # "argparse" | "field" | "yaml"
 
 
 @dataclass
 class _PackageDefaults:
     table: dict[str, list[Default]] = field(default_factory=dict)
 
-    def add(self, key: str, value: object, source: str) -> None:
-        self.table.setdefault(key, []).append(Default(value, source))
+    def add(self, key: str, value: object, source: str, kind: str = "field") -> None:
+        self.table.setdefault(key, []).append(Default(value, source, kind))
 
 
 def _literal(text: str) -> object:
@@ -131,13 +132,20 @@ class Project:
         contains ``importer``: argparse options, class-body field defaults
         (dataclasses, pydantic, plain config classes) and YAML keys."""
         top = package_base(importer)
-        root = _top_package_dir(importer) or importer.resolve().parent
+        # A script outside a package only sees its own defaults: its siblings
+        # are other programs.
+        root = _top_package_dir(importer) or importer.resolve()
         if root not in self._defaults:
             self._defaults[root] = self._scan_defaults(root, top)
         return self._defaults[root].table.get(key, [])
 
     def _scan_defaults(self, root: Path, top: Path) -> _PackageDefaults:
         defaults = _PackageDefaults()
+        if root.is_file():
+            self._scan_python(
+                root.read_text(encoding="utf-8", errors="replace"), _relative(root, top), defaults
+            )
+            return defaults
         for dirpath, dirnames, filenames in os.walk(root):
             dirnames[:] = [d for d in dirnames if d not in _SKIP_DIRS and not d.startswith(".")]
             for filename in filenames:
@@ -154,7 +162,9 @@ class Project:
                 else:
                     for match in _YAML.finditer(text):
                         line = text.count("\n", 0, match.start()) + 1
-                        defaults.add(match.group(1), _literal(match.group(2)), f"{shown}:{line}")
+                        defaults.add(
+                            match.group(1), _literal(match.group(2)), f"{shown}:{line}", "yaml"
+                        )
         return defaults
 
     @staticmethod
@@ -168,12 +178,34 @@ class Project:
                 dest = _ARG_DEST.search(body)
                 key = dest.group(1) if dest else match.group(1).replace("-", "_")
                 line = text.count("\n", 0, match.start()) + 1
-                defaults.add(key, _literal(default.group(1)), f"argparse default in {shown}:{line}")
-        for match in _FIELD.finditer(text):
-            line = text.count("\n", 0, match.start()) + 1
-            defaults.add(
-                match.group(1), _literal(match.group(2)), f"field default in {shown}:{line}"
-            )
+                defaults.add(
+                    key,
+                    _literal(default.group(1)),
+                    f"argparse default in {shown}:{line}",
+                    "argparse",
+                )
+        # Class-body assignments (dataclass and pydantic fields, plain config
+        # classes): a line directly inside a ``class`` block, not in a method.
+        blocks: list[tuple[int, str]] = []  # (indent of the block's header, kind)
+        for number, line in enumerate(text.splitlines(), 1):
+            stripped = line.lstrip()
+            if not stripped or stripped.startswith("#"):
+                continue
+            indent = len(line) - len(stripped)
+            while blocks and indent <= blocks[-1][0]:
+                blocks.pop()
+            header = _BLOCK.match(line)
+            if header:
+                blocks.append((indent, header.group(2).split()[0]))
+                continue
+            if blocks and blocks[-1][1] == "class":
+                match = _FIELD.match(stripped)
+                if match:
+                    defaults.add(
+                        match.group(1),
+                        _literal(match.group(2)),
+                        f"field default in {shown}:{number}",
+                    )
 
 
 def package_base(path: Path) -> Path:

@@ -115,7 +115,11 @@ def _is_separate_loss(node: ir.Node) -> bool:
     for leaf in node.walk():
         if isinstance(leaf, ir.Opaque):
             return True
-        if isinstance(leaf, ir.Atom) and leaf.role not in (*_LOGPROB_ROLES, Role.COEFFICIENT):
+        if isinstance(leaf, ir.Atom) and leaf.role not in (
+            *_LOGPROB_ROLES,
+            Role.COEFFICIENT,
+            Role.MASK,
+        ):
             return True
     return False
 
