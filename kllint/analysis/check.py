@@ -85,14 +85,14 @@ def _findings(sinks: list[Sink], path: str) -> list[Finding]:
         for branch, value in options:
             if not isinstance(value, ir.Node):
                 continue
-            loss_has_gradient = ir.depends_on_policy(value)
+            loss_detached = ir.detached_as_a_whole(value)
             for term in kl_terms(value):
                 site = build_site(
                     term, sink.description, sink.strong, show_condition(branch), fallback
                 )
                 if site is None:
                     continue
-                site.facts["loss_has_gradient"] = loss_has_gradient
+                site.facts["loss_detached"] = loss_detached
                 site.facts["function"] = sink.function_node
                 site.facts["backward"] = sink.backward
                 for rule in rules:

@@ -828,9 +828,7 @@ class Interpreter:
                 else None
             )
             names = (*base.names, key) if key else base.names
-            stored = base.stored or (
-                not base.call and (_is_container_chain(base.names) or key is not None)
-            )
+            stored = base.stored or (not base.call and _is_container_chain(base.names))
             return Unknown(
                 _code(expr),
                 names,

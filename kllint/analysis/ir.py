@@ -224,6 +224,19 @@ def depends_on_policy(x: Node) -> bool:
     return any(depends_on_policy(c) for c in x.children())
 
 
+def detached_as_a_whole(x: Node) -> bool:
+    """``loss.detach()`` (up to sign and scaling): a value returned for logging."""
+    while True:
+        if isinstance(x, Unary) and x.op == "neg":
+            x = x.arg
+        elif isinstance(x, Binary) and x.op in ("mul", "div") and not depends_on_policy(x.right):
+            if is_detached(x.left):
+                return True
+            x = x.left
+        else:
+            return is_detached(x)
+
+
 def render(x: Node) -> str:
     """A compact formula for messages, in the user's names."""
     if isinstance(x, Atom):

@@ -14,13 +14,9 @@ from kllint.rules.base import Rule, where
 
 
 def applies(site: KLSite) -> bool:
-    # Only where the loss itself is differentiated and has a gradient: a
+    # Only where the loss as a whole is meant to be differentiated: a
     # ``return loss.detach()`` for logging detaches everything on purpose.
-    return (
-        site.profile.direction is Direction.NONE
-        and bool(site.facts.get("backward"))
-        and bool(site.facts.get("loss_has_gradient"))
-    )
+    return site.profile.direction is Direction.NONE and not bool(site.facts.get("loss_detached"))
 
 
 def message(site: KLSite) -> str:
