@@ -141,6 +141,17 @@ def rule(code_or_name: str) -> None:
     click.echo(rule_page((exact or matched)[0].code).rstrip("\n"))
 
 
+@main.command()
+@click.option("--plot", type=click.Path(dir_okay=False), default=None, help="Also train a tabular policy with each estimator and save the true KL curves as a PNG.")
+def estimators(plot: str | None) -> None:
+    """Print the exact verdicts of the canonical KL surrogates (needs torch)."""
+    try:
+        from kllint.harness import main_estimators
+    except ImportError as exc:  # pragma: no cover - depends on the install
+        _fail(f"estimators needs torch: pip install 'kllint[confirm]' ({exc})")
+    raise SystemExit(main_estimators(plot))
+
+
 @main.command("rules")
 def list_rules() -> None:
     """List every rule: code, name and what fires it."""
