@@ -170,40 +170,40 @@ class Project:
     @staticmethod
     def _scan_python(text: str, shown: str, defaults: _PackageDefaults) -> None:
         if "add_argument" in text:
-            for match in _ARGPARSE.finditer(text):
-                body = match.group(2)
+            for option in _ARGPARSE.finditer(text):
+                body = option.group(2)
                 default = _ARG_DEFAULT.search(body)
                 if default is None:
                     continue
                 dest = _ARG_DEST.search(body)
-                key = dest.group(1) if dest else match.group(1).replace("-", "_")
-                line = text.count("\n", 0, match.start()) + 1
+                key = dest.group(1) if dest else option.group(1).replace("-", "_")
+                line_number = text.count("\n", 0, option.start()) + 1
                 defaults.add(
                     key,
                     _literal(default.group(1)),
-                    f"argparse default in {shown}:{line}",
+                    f"argparse default in {shown}:{line_number}",
                     "argparse",
                 )
         # Class-body assignments (dataclass and pydantic fields, plain config
         # classes): a line directly inside a ``class`` block, not in a method.
         blocks: list[tuple[int, str]] = []  # (indent of the block's header, kind)
-        for number, line in enumerate(text.splitlines(), 1):
-            stripped = line.lstrip()
+        for number, source_line in enumerate(text.splitlines(), 1):
+            stripped = source_line.lstrip()
             if not stripped or stripped.startswith("#"):
                 continue
-            indent = len(line) - len(stripped)
+            indent = len(source_line) - len(stripped)
             while blocks and indent <= blocks[-1][0]:
                 blocks.pop()
-            header = _BLOCK.match(line)
+            header = _BLOCK.match(source_line)
             if header:
                 blocks.append((indent, header.group(2).split()[0]))
                 continue
             if blocks and blocks[-1][1] == "class":
-                match = _FIELD.match(stripped)
-                if match:
+                field_match = _FIELD.match(stripped)
+                if field_match:
                     defaults.add(
-                        match.group(1),
-                        _literal(match.group(2)),
+                        field_match.group(1),
+                        _literal(field_match.group(2)),
                         f"field default in {shown}:{number}",
                     )
 
