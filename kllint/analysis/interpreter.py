@@ -19,6 +19,7 @@ that call site.
 from __future__ import annotations
 
 import itertools
+import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -415,7 +416,7 @@ class Interpreter:
     def condition_label(self, test: cst.BaseExpression) -> str:
         """A branch condition, shown in messages only when it can select an
         estimator: it compares with a string or mentions the KL."""
-        text = _code(test)
+        text = _full_code(test)
         lowered = text.lower()
         selects = (
             "kl" in lowered
@@ -818,7 +819,7 @@ class Interpreter:
                 if -len(base.items) <= index < len(base.items):
                     return base.items[index]
             if key_value is not None:
-                label = _code(expr.slice[0].slice)
+                label = _full_code(expr.slice[0].slice)
                 return _choice([(f"{label} == {i}", item) for i, item in enumerate(base.items)])
             return Unknown(_code(expr), ("slice",))
         if isinstance(base, Unknown):
@@ -867,7 +868,7 @@ class Interpreter:
                     return None
                 for side in (left, right):
                     if isinstance(side, Py) and side.source and self.call_site is not None:
-                        note = f"{_code(expr.left)} = {side.value!r} (the default in {side.source})"
+                        note = f"{_full_code(expr.left)} = {side.value!r} (the default in {side.source})"
                         if note not in self.call_site.notes:
                             self.call_site.notes.append(note)
                 result = result and outcome
@@ -1494,6 +1495,24 @@ _EMPTY_MODULE = cst.Module(body=[])
 
 
 def _code(node: cst.CSTNode) -> str:
+    """A short spelling of an expression for messages and evidence: names and
+    attribute chains in full, calls and subscripts abbreviated. Generating the
+    code of every unknown value in full cost more than parsing the file."""
+    if isinstance(node, (cst.Name, cst.Attribute)):
+        dotted = dotted_name(node)
+        if dotted is not None:
+            return dotted
+    if isinstance(node, cst.Call):
+        return f"{_code(node.func)}(...)"
+    if isinstance(node, cst.Subscript):
+        key = _string_key(node)
+        return f"{_code(node.value)}[{key!r}]" if key is not None else f"{_code(node.value)}[...]"
+    if isinstance(node, (cst.Integer, cst.Float, cst.SimpleString)):
+        return node.value
+    return _full_code(node)
+
+
+def _full_code(node: cst.CSTNode) -> str:
     try:
         text = _EMPTY_MODULE.code_for_node(node)
     except Exception:  # pragma: no cover - code generation of a partial node
@@ -1501,23 +1520,13 @@ def _code(node: cst.CSTNode) -> str:
     return " ".join(text.split())
 
 
-def called_names(module: cst.Module) -> frozenset[str]:
-    """Functions and methods this module calls by name (``f(...)``, ``self.f(...)``)."""
-    names: set[str] = set()
+_CALL = re.compile(r"(?:(?<![\w.])(?<!def )(?<!class )|(?<=\bself\.)|(?<=\bcls\.))([A-Za-z_]\w*)\s*\(")
 
-    class _Calls(cst.CSTVisitor):
-        def visit_Call(self, node: cst.Call) -> None:
-            if isinstance(node.func, cst.Name):
-                names.add(node.func.value)
-            elif (
-                isinstance(node.func, cst.Attribute)
-                and isinstance(node.func.value, cst.Name)
-                and node.func.value.value in ("self", "cls")
-            ):
-                names.add(node.func.attr.value)
 
-    module.visit(_Calls())
-    return frozenset(names)
+def called_names(source: str) -> frozenset[str]:
+    """Functions and methods a module calls by name (``f(...)``, ``self.f(...)``).
+    A text scan: a LibCST visitor over the whole module costs more than the parse."""
+    return frozenset(_CALL.findall(source))
 
 
 def iter_functions(module: ModuleInfo) -> Iterator[tuple[cst.FunctionDef, ClassInfo | None]]:

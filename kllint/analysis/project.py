@@ -86,6 +86,7 @@ class Project:
         self.roots = [Path(r) for r in roots]
         self._modules: dict[Path, ModuleInfo | None] = {}
         self._defaults: dict[Path, _PackageDefaults] = {}
+        self._resolved: dict[tuple[str, Path, int], ModuleInfo | None] = {}
 
     # ------------------------------------------------------------ modules
 
@@ -108,6 +109,12 @@ class Project:
 
     def resolve_module(self, dotted: str, importer: Path, level: int = 0) -> ModuleInfo | None:
         """The module ``dotted`` as imported from ``importer`` (``level`` dots)."""
+        key = (dotted, importer.parent, level)
+        if key not in self._resolved:
+            self._resolved[key] = self._resolve_module(dotted, importer, level)
+        return self._resolved[key]
+
+    def _resolve_module(self, dotted: str, importer: Path, level: int) -> ModuleInfo | None:
         if level:
             base = importer.resolve().parent
             for _ in range(level - 1):
