@@ -53,6 +53,11 @@ def test_page_states_the_harness_verdict(code: str) -> None:
     finding = next(f for f in lint(code, "Example") if f.code == code)
     assert finding.site is not None
     instances = confirm_site(finding.site).to_dict()["instances"]
-    measured = {"sequences": instances["sequences"]["verdict"], "one action": instances["bandit"]["verdict"]}
+    measured = {
+        "sequences": instances["sequences"]["verdict"],
+        "one action": instances["bandit"]["verdict"],
+    }
     for setting, verdict in stated.items():
-        assert measured[setting] == verdict, f"{code} ({setting}): page says {verdict}, harness says {measured[setting]}"
+        assert measured[setting] == verdict, (
+            f"{code} ({setting}): page says {verdict}, harness says {measured[setting]}"
+        )

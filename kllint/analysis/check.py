@@ -35,7 +35,9 @@ from kllint.rules import all_rules
 # ("ref_logps", "RefModel"), so that "prefix" or "__init__" do not count.
 _REFERENCE_WORDS = sorted((REFERENCE_WORDS - {"init"}) | {"kl"})
 _PREFILTER_REFERENCE = re.compile(
-    r"(?<![A-Za-z])(?:" + "|".join(w for word in _REFERENCE_WORDS for w in (word, word.capitalize(), word.upper())) + r")(?![a-z])"
+    r"(?<![A-Za-z])(?:"
+    + "|".join(w for word in _REFERENCE_WORDS for w in (word, word.capitalize(), word.upper()))
+    + r")(?![a-z])"
 )
 _PREFILTER_LOSS = re.compile(r"loss|backward|objective|training_step", re.IGNORECASE)
 
@@ -44,7 +46,9 @@ def check_source(source: str, path: str, project: Project, roles: RolePatterns) 
     """All findings of every rule in one file. Raises ``libcst.ParserSyntaxError``
     when the file does not parse. ``path`` is the path as displayed."""
     configured = roles.policy or roles.reference or roles.old
-    if not configured and not (_PREFILTER_REFERENCE.search(source) and _PREFILTER_LOSS.search(source)):
+    if not configured and not (
+        _PREFILTER_REFERENCE.search(source) and _PREFILTER_LOSS.search(source)
+    ):
         _syntax_check(source, path)
         return []
     module = cst.parse_module(source)

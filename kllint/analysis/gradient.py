@@ -33,6 +33,9 @@ from dataclasses import dataclass
 from kllint.analysis import ir
 from kllint.analysis.ir import Axis, Level, Role
 
+# Coefficients and opaque weights only scale a term; not 1, so that an
+# expression such as ``(k - 1)`` in a leave-one-out baseline stays finite.
+_WEIGHT = 1.3
 HORIZON = 3  # tokens per probe trajectory: enough for a past, a present and two futures
 PROBES = 24
 _TOL = 1e-6
@@ -127,14 +130,17 @@ class _Point:
     advantage: list[float]
 
 
+Memo = dict[tuple[int, bool], tuple[Value, bool]]
+
+
 def _evaluate(
-    node: ir.Node, point: _Point, memo: dict[int, tuple[Value, bool]]
+    node: ir.Node, point: _Point, memo: Memo, detached: bool = False
 ) -> tuple[Value, bool]:
-    """Returns (values, per_token)."""
-    key = id(node)
+    """Returns (values, per_token). ``detached``: inside a stop-gradient."""
+    key = (id(node), detached)
     if key in memo:
         return memo[key]
-    result = _evaluate_uncached(node, point, memo)
+    result = _evaluate_uncached(node, point, memo, detached)
     memo[key] = result
     return result
 
@@ -148,7 +154,7 @@ def _broadcast(a: tuple[Value, bool], b: tuple[Value, bool]) -> tuple[Value, Val
 
 
 def _evaluate_uncached(
-    node: ir.Node, point: _Point, memo: dict[int, tuple[Value, bool]]
+    node: ir.Node, point: _Point, memo: Memo, detached: bool
 ) -> tuple[Value, bool]:
     n = len(point.log_ratio)
     if isinstance(node, ir.Const):
@@ -162,15 +168,16 @@ def _evaluate_uncached(
             return [total], False
         return values, True
     if isinstance(node, ir.Unary):
-        values, per_token = _evaluate(node.arg, point, memo)
+        values, per_token = _evaluate(node.arg, point, memo, detached or node.op == "detach")
         return [_dual_unary(node.op, d) for d in values], per_token
     if isinstance(node, ir.Binary):
         left, right, per_token = _broadcast(
-            _evaluate(node.left, point, memo), _evaluate(node.right, point, memo)
+            _evaluate(node.left, point, memo, detached),
+            _evaluate(node.right, point, memo, detached),
         )
         return [_dual_binary(node.op, a, b) for a, b in zip(left, right)], per_token
     if isinstance(node, ir.Clamp):
-        values, per_token = _evaluate(node.arg, point, memo)
+        values, per_token = _evaluate(node.arg, point, memo, detached)
         clamped: list[Dual] = []
         for d in values:
             if node.low is not None and d.value < node.low:
@@ -181,12 +188,17 @@ def _evaluate_uncached(
                 clamped.append(d)
         return clamped, per_token
     if isinstance(node, ir.Reduce):
-        values, per_token = _evaluate(node.arg, point, memo)
+        if detached and node.axis is not Axis.TIME:
+            # A batch statistic in a detached weight (the mean of a whitened
+            # advantage, a group baseline): in a large batch it is a constant
+            # that does not depend on this sample, so it adds no expected gradient.
+            return [Dual.const(_WEIGHT, n)], False
+        values, per_token = _evaluate(node.arg, point, memo, detached)
         if node.axis is Axis.BATCH or not per_token:
             return values, per_token
         weights = [1.0] * len(values)
         if node.mask is not None:
-            mask_values, mask_per_token = _evaluate(node.mask, point, memo)
+            mask_values, mask_per_token = _evaluate(node.mask, point, memo, detached)
             weights = [
                 d.value for d in (mask_values if mask_per_token else mask_values * len(values))
             ]
@@ -201,7 +213,7 @@ def _evaluate_uncached(
             total = Dual(total.value / count, [g / count for g in total.grad])
         return [total], False
     if isinstance(node, ir.CumSum):
-        values, per_token = _evaluate(node.arg, point, memo)
+        values, per_token = _evaluate(node.arg, point, memo, detached)
         if not per_token:
             return values, per_token
         order = range(len(values) - 1, -1, -1) if node.reverse else range(len(values))
@@ -214,7 +226,7 @@ def _evaluate_uncached(
     if isinstance(node, ir.Opaque):
         # An opaque value carries no gradient through the policy as far as
         # kllint can tell: a weight (see ir.Opaque).
-        return [Dual.const(1.0, n)], False
+        return [Dual.const(_WEIGHT, n)], False
     raise Unsupported(type(node).__name__)
 
 
@@ -238,7 +250,7 @@ def _atom_values(role: Role, point: _Point) -> Value:
         return [Dual.const(1.0, n) for _ in range(n)]
     if role is Role.ADVANTAGE:
         return [Dual.const(a, n) for a in point.advantage]
-    return [Dual.const(1.0, n) for _ in range(n)]  # coefficients: scale only
+    return [Dual.const(_WEIGHT, n) for _ in range(n)]  # coefficients: scale only
 
 
 def gradient_coefficients(term: ir.Node, point: _Point) -> list[float]:

@@ -455,6 +455,8 @@ class Interpreter:
             self.eval(small.value)
         elif isinstance(small, cst.Return):
             value = self.eval(small.value) if small.value is not None else Py(None)
+            if self.no_grad and isinstance(value, (ir.Node, Choice, Flipped)):
+                value = self.lift1(value, ir.detach, small)
             self.returns.append((" and ".join(self.path), value))
             if self.loss_function and self.depth == 0:
                 self.loss_sink_from_return(small, value)
@@ -538,6 +540,9 @@ class Interpreter:
             for i, element in enumerate(elements):
                 if isinstance(value, Seq) and i < len(value.items):
                     item: Value = value.items[i]
+                elif isinstance(value, ir.Node) and not isinstance(value, ir.Opaque):
+                    # ``advantages, returns = compute_gae(rewards, ...)``: both carry the rewards.
+                    item = value
                 elif isinstance(value, Unknown):
                     item = Unknown(
                         f"{value.text}[{i}]",
@@ -570,8 +575,16 @@ class Interpreter:
         which policy it belongs to and whether it carries gradient. A value
         that already involves the reference is a log-ratio and is kept."""
         nodes = [v for _, v in value.options] if isinstance(value, Choice) else [value]
-        if any(isinstance(n, ir.Node) and n.has_role(Role.REFERENCE_LOGP) for n in nodes):
-            return value
+        for n in nodes:
+            if not isinstance(n, ir.Node):
+                continue
+            atoms = {
+                (a.role, a.name)
+                for a in n.atoms()
+                if a.role in (Role.POLICY_LOGP, Role.OLD_LOGP, Role.REFERENCE_LOGP)
+            }
+            if len(atoms) >= 2 or n.has_role(Role.REFERENCE_LOGP):
+                return value  # a log-ratio (``logprobs_diff = new - old``), not a log-prob
         logprob_nodes = [
             n
             for n in nodes
@@ -1116,7 +1129,23 @@ class Interpreter:
             )
         if roles.is_logprob_name(name) or name in _LOGPROB_OPS or "log_softmax" in name:
             return self.logprob_call(call, name, args)
+        credited = self.advantage_estimator(name, call)
+        if credited is not None:
+            return credited
         return Unknown(_code(call), (name,), call=True, reference_model=self._reference_args(call))
+
+    def advantage_estimator(self, name: str, call: cst.Call) -> ir.Node | None:
+        """An advantage/return estimator kllint cannot read (``compute_gae`` passed
+        in, from another library) given per-token rewards that contain a KL:
+        modelled as the reward-to-go of those rewards, which is what GAE with
+        gamma = lambda = 1 computes (a critic baseline adds no expected gradient)."""
+        if not roles.has_words(name, _ADVANTAGE_ESTIMATOR_WORDS):
+            return None
+        for arg in call.args:
+            value = self.eval(arg.value)
+            if isinstance(value, ir.Node) and value.has_role(Role.REFERENCE_LOGP):
+                return ir.CumSum(value, reverse=True, origin=self.origin(call))
+        return None
 
     def _reference_args(self, call: cst.Call) -> bool:
         names = [n for a in call.args for n in _chain_names(a.value)]
@@ -1155,6 +1184,9 @@ class Interpreter:
             )
         if roles.is_logprob_name(method) or method in _LOGPROB_OPS:
             return self.logprob_call(call, method, args)
+        credited = self.advantage_estimator(method, call)
+        if credited is not None:
+            return credited
         return Unknown(
             _code(call),
             (*receiver.names, method),
@@ -1207,7 +1239,22 @@ class Interpreter:
         result = callee.run_function(ref.node, bound, no_grad=self.no_grad)
         if result is None:
             return Py(None)
-        return result
+        return self.credit_rewards(ref.node.name.value, call, result)
+
+    def credit_rewards(self, name: str, call: cst.Call, result: Value) -> Value:
+        """A helper named like an advantage estimator (``compute_gae``) whose
+        loop kllint cannot follow loses the rewards it was given; model its
+        results as their reward-to-go (see ``advantage_estimator``)."""
+        credited = self.advantage_estimator(name, call)
+        if credited is None:
+            return result
+
+        def keep(value: Value) -> bool:
+            return isinstance(value, ir.Node) and value.has_role(Role.REFERENCE_LOGP)
+
+        if isinstance(result, Seq):
+            return Seq([item if keep(item) else credited for item in result.items])
+        return result if keep(result) else credited
 
     # ----------------------------------------------------------------- tensor operations
 
@@ -1268,6 +1315,9 @@ class Interpreter:
 # --------------------------------------------------------------------- helpers
 
 _BINOPS = {"Add": "add", "Subtract": "sub", "Multiply": "mul", "Divide": "div", "Power": "pow"}
+_ADVANTAGE_ESTIMATOR_WORDS = frozenset(
+    {"gae", "advantage", "advantages", "return", "returns", "rtg"}
+)
 _CONFIG_WORDS = frozenset(
     {
         "config",
@@ -1520,7 +1570,9 @@ def _full_code(node: cst.CSTNode) -> str:
     return " ".join(text.split())
 
 
-_CALL = re.compile(r"(?:(?<![\w.])(?<!def )(?<!class )|(?<=\bself\.)|(?<=\bcls\.))([A-Za-z_]\w*)\s*\(")
+_CALL = re.compile(
+    r"(?:(?<![\w.])(?<!def )(?<!class )|(?<=\bself\.)|(?<=\bcls\.))([A-Za-z_]\w*)\s*\("
+)
 
 
 def called_names(source: str) -> frozenset[str]:

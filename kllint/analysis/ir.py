@@ -224,6 +224,15 @@ def depends_on_policy(x: Node) -> bool:
     return any(depends_on_policy(c) for c in x.children())
 
 
+def has_unknown_gradient(x: Node) -> bool:
+    """An opaque value outside any detach: it may carry a gradient kllint cannot see."""
+    if isinstance(x, Opaque):
+        return True
+    if isinstance(x, Unary) and x.op == "detach":
+        return False
+    return any(has_unknown_gradient(c) for c in x.children())
+
+
 def detached_as_a_whole(x: Node) -> bool:
     """``loss.detach()`` (up to sign and scaling): a value returned for logging."""
     while True:

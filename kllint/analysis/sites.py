@@ -151,12 +151,23 @@ def _split(node: ir.Node) -> list[ir.Node]:
             or (left_ref and right_ref and _is_reduced(node.left) and _is_reduced(node.right))
             or (not left_ref and not right_ref)
         )
+        rights = _split(node.right)
+        if node.op == "sub":
+            rights = [ir.neg(t, origin) for t in rights]
+        pieces = _split(node.left) + rights
         if split:
-            rights = _split(node.right)
-            if node.op == "sub":
-                rights = [ir.neg(t, origin) for t in rights]
-            return _split(node.left) + rights
-        return [node]
+            return pieces
+        # Both sides involve the reference, as in ``rewards - baseline`` where
+        # the rewards hold a KL: separate losses hidden inside (the task
+        # score) still come out, the KL pieces stay together as one term.
+        separate = [p for p in pieces if not _has_reference(p) and _is_separate_loss(p)]
+        if not separate:
+            return [node]
+        kept = [p for p in pieces if not any(p is q for q in separate)]
+        regrouped = kept[0]
+        for piece in kept[1:]:
+            regrouped = ir.Binary("add", regrouped, piece)  # no origin: synthetic
+        return [regrouped, *separate]
     if isinstance(node, ir.Unary) and node.op in ("neg", "detach"):
         return [ir.Unary(node.op, t, origin=origin) for t in _split(node.arg)]
     if isinstance(node, ir.Reduce):
@@ -180,7 +191,10 @@ def focus_of(term: ir.Node) -> ir.Node:
     reference-free factors (coefficients, masks, importance ratios)."""
     node = term
     while True:
-        if (
+        if isinstance(node, ir.Binary) and node.op == "add" and node.origin is None:
+            # A sum regrouped by ``_split``: follow its first KL piece.
+            node = node.left if _has_reference(node.left) else node.right
+        elif (
             isinstance(node, (ir.Reduce, ir.CumSum))
             or (isinstance(node, ir.Unary) and node.op in ("neg", "detach"))
             or isinstance(node, ir.Clamp)

@@ -8,6 +8,7 @@ changes the logged number and nothing else.
 
 from __future__ import annotations
 
+from kllint.analysis import ir
 from kllint.analysis.gradient import Direction
 from kllint.analysis.sites import KLSite
 from kllint.rules.base import Rule, where
@@ -16,7 +17,12 @@ from kllint.rules.base import Rule, where
 def applies(site: KLSite) -> bool:
     # Only where the loss as a whole is meant to be differentiated: a
     # ``return loss.detach()`` for logging detaches everything on purpose.
-    return site.profile.direction is Direction.NONE and not bool(site.facts.get("loss_detached"))
+    return (
+        site.profile.direction is Direction.NONE
+        and not bool(site.facts.get("loss_detached"))
+        # A claim of absence: an unknown factor might be the gradient path.
+        and not ir.has_unknown_gradient(site.term)
+    )
 
 
 def message(site: KLSite) -> str:
