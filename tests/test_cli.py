@@ -199,7 +199,7 @@ def test_rule_unknown_or_ambiguous_exits_2() -> None:
     )
     result = kllint("rule", "KL00")
     assert result.exit_code == 2
-    assert "matches several rules (KL001, KL002, KL003, KL004, KL005)" in result.output
+    assert "matches several rules (KL001, KL002, KL003, KL004, KL005, KL006)" in result.output
 
 
 def test_rules_lists_code_name_and_summary() -> None:

@@ -229,7 +229,8 @@ _MODULE_PREFIXES = ("torch", "F", "nn", "functional")
 def is_loss_name(name: str) -> bool:
     """``loss``, ``kl_loss``, ``policy_loss``, ``losses``; not ``loss_mask``."""
     ws = roles.words(name)
-    return bool(ws) and ws[-1] in ("loss", "losses", "objective")
+    # Not "objective": objectives are maximised, so their KL sign is reversed.
+    return bool(ws) and ws[-1] in ("loss", "losses")
 
 
 @dataclass
@@ -466,7 +467,7 @@ class Interpreter:
         return False
 
     def loss_sink_from_return(self, node: cst.Return, value: Value) -> None:
-        description = f"returned by `{self.function_name}`"
+        description = f"the value returned by `{self.function_name}`"
         if isinstance(value, DictVal):
             for key, item in value.items.items():
                 if is_loss_name(key):
@@ -534,7 +535,7 @@ class Interpreter:
                 )
             self.env[name] = value
             if is_loss_name(name):
-                self.add_sink(value, f"assigned to `{name}`", False, node)
+                self.add_sink(value, f"the loss variable `{name}`", False, node)
         elif isinstance(target, (cst.Tuple, cst.List)):
             elements = [e.value for e in target.elements]
             for i, element in enumerate(elements):
@@ -565,7 +566,7 @@ class Interpreter:
             if isinstance(container, DictVal) and key is not None:
                 container.items[key] = value
                 if is_loss_name(key):
-                    self.add_sink(value, f"stored as `{key}`", False, node)
+                    self.add_sink(value, f"the loss entry `{key}`", False, node)
 
     # ----------------------------------------------------------------- evidence
 
@@ -974,6 +975,11 @@ class Interpreter:
                 return Py(None)
             if isinstance(receiver, Unknown) and receiver.module is not None:
                 return self.call_module_function(receiver.module, method, call, args, kwargs)
+            if method == "scale" and isinstance(receiver, Unknown) and len(args) == 1:
+                # ``scaler.scale(loss).backward()`` (AMP): the scaled loss is the loss.
+                scaled = self.eval(args[0].value)
+                if isinstance(scaled, (ir.Node, Choice)):
+                    return scaled
             if isinstance(receiver, (ir.Node, Choice, Flipped)) and not isinstance(
                 receiver, ir.Opaque
             ):

@@ -43,6 +43,11 @@ RULES: dict[str, RuleInfo] = {
             "kl-loss-without-gradient",
             "A KL term reaches a loss but is computed without gradient (under no_grad, or detached): the regulariser does nothing.",
         ),
+        RuleInfo(
+            "KL006",
+            "negated-kl-penalty",
+            "A KL penalty enters a minimised loss with a negative sign (or a KL reward is added): gradient descent increases KL(pi||pi_ref).",
+        ),
     )
 }
 
@@ -63,6 +68,7 @@ def all_rules() -> list:  # list[kllint.rules.base.Rule]; imported lazily to kee
         kl003_token_level_kl,
         kl004_k3_as_reward,
         kl005_kl_loss_without_gradient,
+        kl006_negated_kl_penalty,
     )
 
     return [
@@ -71,4 +77,5 @@ def all_rules() -> list:  # list[kllint.rules.base.Rule]; imported lazily to kee
         kl003_token_level_kl.RULE,
         kl004_k3_as_reward.RULE,
         kl005_kl_loss_without_gradient.RULE,
+        kl006_negated_kl_penalty.RULE,
     ]

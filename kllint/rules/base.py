@@ -49,8 +49,9 @@ def facts(site: KLSite) -> dict[str, object]:
         "sink": site.sink,
         "level": "token" if p.token_level else "sequence",
         "gradient": {
+            # What E[grad] follows for one token, and how later tokens credit it.
             "one_token": p.direction.value,
-            "scale": p.scale,
+            "sign": "+" if p.scale >= 0 else "-",
             "sequence_credit": p.credit.value,
         },
         "branch": site.branch or None,
@@ -71,7 +72,7 @@ def where(site: KLSite) -> str:
         else "with no policy log-prob"
     ]
     parts.append(f"against {names(site.reference_names)} (reference)")
-    text = " ".join(parts) + f", reaching the loss via {site.sink}"
+    text = " ".join(parts) + f", reaching the loss through {site.sink}"
     if site.origin.helper:
         text += f"; computed in {site.origin.helper}"
     if site.branch:

@@ -1,0 +1,36 @@
+"""KL006 negated-kl-penalty.
+
+A loss is minimised. A KL term whose autograd gradient follows
+``-grad KL(pi||pi_ref)`` (or ``-grad KL(pi_ref||pi)``) pushes the policy away
+from the reference: the penalty was subtracted where it should be added (for
+example ``loss = pg_loss - beta * kl``, or a KL reward added to the rewards).
+Only losses that are certainly minimised count: values passed to
+``.backward()`` or returned by a loss function.
+"""
+
+from __future__ import annotations
+
+from kllint.analysis.gradient import Direction
+from kllint.analysis.sites import KLSite
+from kllint.rules.base import Rule, where
+
+
+def applies(site: KLSite) -> bool:
+    p = site.profile
+    return site.strong_sink and p.direction in (Direction.KL, Direction.REVERSE_KL) and p.scale < 0
+
+
+def message(site: KLSite) -> str:
+    target = "KL(pi||pi_ref)" if site.profile.direction is Direction.KL else "KL(pi_ref||pi)"
+    return (
+        f"{site.estimator} penalty enters the minimised loss with a negative sign, {where(site)}: "
+        f"its expected gradient is -grad {target}, so each step increases the KL to the reference"
+    )
+
+
+RULE = Rule(
+    code="KL006",
+    applies=applies,
+    message=message,
+    fix_title="Add the KL penalty to the loss (`loss = pg_loss + beta * kl`), or subtract it from the rewards",
+)
