@@ -81,6 +81,13 @@ def main() -> None:
     help="Check each finding's claim about the gradient numerically with torch "
     "(pip install 'kllint[confirm]').",
 )
+@click.option(
+    "--jobs",
+    "-j",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Worker processes for large trees (default: one per CPU; 1 to stay in one process).",
+)
 @click.version_option(__version__, "--version", prog_name="kllint")
 def check(
     paths: tuple[Path, ...],
@@ -90,6 +97,7 @@ def check(
     exit_zero: bool,
     config_path: Path | None,
     confirm: bool,
+    jobs: int | None,
 ) -> None:
     """Lint PATHS (default: the current directory) for KL regularisers whose
     gradient is not the one intended.
@@ -106,7 +114,8 @@ def check(
         settings = load_settings(
             targets, config=config_path, select=_split(select) or None, ignore=_split(ignore)
         )
-        result = lint_paths(targets, settings)
+        # --confirm needs each finding's KL site, which stays in this process.
+        result = lint_paths(targets, settings, jobs=1 if confirm else jobs)
     except (ConfigError, MissingPathError) as err:
         _fail(f"error: {err}")
     if confirm and result.findings:

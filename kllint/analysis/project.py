@@ -87,6 +87,7 @@ class Project:
         self._modules: dict[Path, ModuleInfo | None] = {}
         self._defaults: dict[Path, _PackageDefaults] = {}
         self._resolved: dict[tuple[str, Path, int], ModuleInfo | None] = {}
+        self._defaults_of: dict[Path, _PackageDefaults] = {}
 
     # ------------------------------------------------------------ modules
 
@@ -138,13 +139,15 @@ class Project:
         """Every default given to a setting named ``key`` in the package that
         contains ``importer``: argparse options, class-body field defaults
         (dataclasses, pydantic, plain config classes) and YAML keys."""
-        top = package_base(importer)
-        # A script outside a package only sees its own defaults: its siblings
-        # are other programs.
-        root = _top_package_dir(importer) or importer.resolve()
-        if root not in self._defaults:
-            self._defaults[root] = self._scan_defaults(root, top)
-        return self._defaults[root].table.get(key, [])
+        if importer not in self._defaults_of:
+            top = package_base(importer)
+            # A script outside a package only sees its own defaults: its
+            # siblings are other programs.
+            root = _top_package_dir(importer) or importer.resolve()
+            if root not in self._defaults:
+                self._defaults[root] = self._scan_defaults(root, top)
+            self._defaults_of[importer] = self._defaults[root]
+        return self._defaults_of[importer].table.get(key, [])
 
     def _scan_defaults(self, root: Path, top: Path) -> _PackageDefaults:
         defaults = _PackageDefaults()
