@@ -151,7 +151,12 @@ def rule(code_or_name: str) -> None:
 
 
 @main.command()
-@click.option("--plot", type=click.Path(dir_okay=False), default=None, help="Also train a tabular policy with each estimator and save the true KL curves as a PNG.")
+@click.option(
+    "--plot",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Also train a tabular policy with each estimator and save the true KL curves as a PNG.",
+)
 def estimators(plot: str | None) -> None:
     """Print the exact verdicts of the canonical KL surrogates (needs torch)."""
     try:
