@@ -458,7 +458,7 @@ class Interpreter:
             value = self.eval(small.value) if small.value is not None else Py(None)
             if self.no_grad and isinstance(value, (ir.Node, Choice, Flipped)):
                 value = self.lift1(value, ir.detach, small)
-            self.returns.append((" and ".join(self.path), value))
+            self.returns.append((_AND.join(self.path), value))
             if self.loss_function and self.depth == 0:
                 self.loss_sink_from_return(small, value)
             return True
@@ -958,7 +958,7 @@ class Interpreter:
                 value = self.eval(target)
                 self.add_sink(
                     value,
-                    f"`{_code(call)}`" if len(_code(call)) < 60 else f"`.{method}()`",
+                    f"`{_full_code(call)}`" if len(_full_code(call)) < 60 else f"`.{method}()`",
                     True,
                     call,
                     backward=True,
@@ -1470,7 +1470,21 @@ def _negate(condition: str) -> str:
 
 
 def show_condition(label: str) -> str:
-    return " and ".join(c for c in label.split(_AND) if c and not c.startswith(_HIDDEN))
+    """The visible conjuncts of a branch condition. ``not (kind == "k1") and
+    kind == "k3"`` reads ``kind == "k3"``: a positive test on a selector makes
+    the negative ones on the same selector redundant."""
+    shown = [c for c in label.split(_AND) if c and not c.startswith(_HIDDEN)]
+    positive = {_subject(c) for c in shown if not c.startswith("not (")}
+    return " and ".join(
+        c for c in shown if not (c.startswith("not (") and _subject(c[5:-1]) in positive - {None})
+    )
+
+
+def _subject(condition: str) -> str | None:
+    for operator in (" == ", " in ", " is "):
+        if operator in condition:
+            return condition.split(operator, 1)[0].strip()
+    return None
 
 
 def _descendants(node: cst.CSTNode) -> Iterator[cst.CSTNode]:

@@ -76,5 +76,5 @@ def where(site: KLSite) -> str:
     if site.origin.helper:
         text += f"; computed in {site.origin.helper}"
     if site.branch:
-        text += f" when {site.branch}"
+        text += f" when {site.branch} (a selector kllint could not resolve statically: this branch is reachable)"
     return text
