@@ -1062,7 +1062,6 @@ class Interpreter:
                 "kl_divergence",
                 "cross_entropy",
                 "nll_loss",
-                "mse_loss",
                 "logsigmoid",
                 "sigmoid",
                 "softplus",
@@ -1077,6 +1076,22 @@ class Interpreter:
                 return ir.Opaque(f"torch.{name}")
             arg_values = [self.eval(a.value) for a in args]
             kw_values = {k: self.eval(v) for k, v in kwargs.items()}
+            if name == "mse_loss" and len(arg_values) >= 2:
+                # F.mse_loss(logp, ref) = mean((logp - ref) ** 2): twice k2.
+                reduction = kw_values.get("reduction", Py("mean"))
+                origin = self.origin(call)
+                squared = self.lift2(
+                    arg_values[0],
+                    arg_values[1],
+                    lambda a, b: ir.Unary("square", ir.binary("sub", a, b, origin), origin=origin),
+                    call,
+                )
+                if isinstance(reduction, Py) and reduction.value in ("mean", "sum"):
+                    kind = str(reduction.value)
+                    return self.lift1(
+                        squared, lambda n: ir.Reduce(kind, Axis.ALL, n, origin=origin), call
+                    )
+                return squared
             if name == "stack" and arg_values and isinstance(arg_values[0], Seq):
                 items = arg_values[0].items
                 if items and all(isinstance(i, (ir.Node, Choice)) for i in items):

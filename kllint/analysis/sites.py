@@ -23,9 +23,21 @@ from kllint.analysis.gradient import (
     profile,
 )
 from kllint.analysis.ir import Role
-from kllint.analysis.roles import words
+from kllint.analysis.roles import has_words, words
 
 _LOGPROB_ROLES = (Role.POLICY_LOGP, Role.OLD_LOGP)
+_TOKEN_WORDS = frozenset(
+    {
+        "token",
+        "tokens",
+        "completion",
+        "completions",
+        "response",
+        "responses",
+        "generation",
+        "generated",
+    }
+)
 
 
 @dataclass
@@ -59,6 +71,23 @@ class KLSite:
     @property
     def old_names(self) -> list[str]:
         return _names(self.term, Role.OLD_LOGP)
+
+    @property
+    def has_time_axis(self) -> bool:
+        """Evidence that the log-probs are per token of a sequence (a
+        reduction over time, a mask, a reward-to-go, token-level names).
+        Without it, ``(0.5 * (logp - ref) ** 2).mean()`` may be a batch of
+        single actions, for which a per-sample k2 is the right gradient."""
+        for node in self.term.walk():
+            if isinstance(node, ir.CumSum) or (
+                isinstance(node, ir.Reduce) and (node.axis is ir.Axis.TIME or node.mask is not None)
+            ):
+                return True
+            if isinstance(node, ir.Atom) and (
+                node.role is Role.MASK or has_words(node.name, _TOKEN_WORDS)
+            ):
+                return True
+        return False
 
     @property
     def importance_weighted(self) -> bool:

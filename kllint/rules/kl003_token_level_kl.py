@@ -17,7 +17,12 @@ from kllint.rules.base import Rule, where
 
 def applies(site: KLSite) -> bool:
     p = site.profile
-    return p.direction is Direction.KL and p.scale > 0 and p.credit is Credit.NONE
+    return (
+        p.direction is Direction.KL
+        and p.scale > 0
+        and p.credit is Credit.NONE
+        and site.has_time_axis
+    )
 
 
 def message(site: KLSite) -> str:
