@@ -351,6 +351,8 @@ class Interpreter:
             return False
         if isinstance(statement, cst.If):
             return self.exec_if(statement)
+        if isinstance(statement, cst.Match):
+            return self.exec_match(statement)
         if isinstance(statement, (cst.For, cst.While)):
             if isinstance(statement, cst.For):
                 self.assign(statement.target, Unknown(_code(statement.iter), ("loop",)), statement)
@@ -384,24 +386,39 @@ class Interpreter:
         return False
 
     def exec_if(self, statement: cst.If) -> bool:
-        truth = self.truth(statement.test)
         orelse = statement.orelse
         else_body: Sequence[cst.CSTNode] = []
         if isinstance(orelse, cst.Else):
             else_body = orelse.body.body
         elif isinstance(orelse, cst.If):
             else_body = [orelse]
+        return self.exec_branch(
+            self.truth(statement.test),
+            lambda: self.condition_label(statement.test),
+            lambda: self.exec_block(statement.body.body),
+            lambda: self.exec_block(else_body),
+        )
+
+    def exec_branch(
+        self,
+        truth: bool | None,
+        label: Callable[[], str],
+        then_run: Callable[[], bool],
+        else_run: Callable[[], bool],
+    ) -> bool:
+        """Run the branch a known condition takes, or both with the condition
+        recorded on each path and the environments merged after."""
         if truth is True:
-            return self.exec_block(statement.body.body)
+            return then_run()
         if truth is False:
-            return self.exec_block(else_body)
-        label = self.condition_label(statement.test)
+            return else_run()
+        condition = label()
         saved_env, saved_path = dict(self.env), list(self.path)
-        self.path = [*saved_path, label]
-        then_done = self.exec_block(statement.body.body)
+        self.path = [*saved_path, condition]
+        then_done = then_run()
         then_env = self.env
-        self.env, self.path = dict(saved_env), [*saved_path, _negate(label)]
-        else_done = self.exec_block(else_body)
+        self.env, self.path = dict(saved_env), [*saved_path, _negate(condition)]
+        else_done = else_run()
         else_env = self.env
         self.path = saved_path
         if then_done and else_done:
@@ -411,8 +428,49 @@ class Interpreter:
         elif else_done:
             self.env = then_env
         else:
-            self.env = _merge(then_env, else_env, label)
+            self.env = _merge(then_env, else_env, condition)
         return False
+
+    def exec_match(self, statement: cst.Match) -> bool:
+        """``match kind: case "k3": ...`` is an if/elif chain on ``kind``."""
+        subject = self.eval(statement.subject)
+        subject_text = _full_code(statement.subject)
+        cases = list(statement.cases)
+
+        def run(index: int) -> bool:
+            if index >= len(cases):
+                return False
+            case = cases[index]
+            truth = self.pattern_truth(subject, case.pattern)
+            if case.guard is not None and truth is not False:
+                guard = self.truth(case.guard)
+                truth = False if guard is False else (truth if guard is True else None)
+            text = f"{subject_text} == {_full_code(case.pattern)}"
+            selects = any(isinstance(n, cst.SimpleString) for n in _descendants(case.pattern))
+            return self.exec_branch(
+                truth,
+                lambda: text if selects else _HIDDEN + text,
+                lambda: self.exec_block(case.body.body),
+                lambda: run(index + 1),
+            )
+
+        return run(0)
+
+    def pattern_truth(self, subject: Value, pattern: cst.MatchPattern) -> bool | None:
+        if isinstance(pattern, (cst.MatchValue, cst.MatchSingleton)):
+            return _compare(cst.Equal(), subject, self.eval(pattern.value))
+        if isinstance(pattern, cst.MatchAs) and pattern.pattern is None:
+            if pattern.name is not None:
+                self.env[pattern.name.value] = subject
+            return True  # ``case _:`` or a capture
+        if isinstance(pattern, cst.MatchOr):
+            outcomes = [
+                self.pattern_truth(subject, element.pattern) for element in pattern.patterns
+            ]
+            if any(o is True for o in outcomes):
+                return True
+            return False if all(o is False for o in outcomes) else None
+        return None
 
     def condition_label(self, test: cst.BaseExpression) -> str:
         """A branch condition, shown in messages only when it can select an
@@ -732,6 +790,8 @@ class Interpreter:
             return self.eval_call(expr)
         if isinstance(expr, cst.Await):
             return self.eval(expr.expression)
+        if isinstance(expr, cst.Lambda):
+            return FuncRef(_lambda_as_function(expr), self.module)
         return Unknown(_code(expr), (type(expr).__name__,))
 
     def lookup(self, name: str) -> Value:
@@ -747,6 +807,8 @@ class Interpreter:
             return Unknown(name, (name,), module=full)
         if name in self.module.constants:
             constant = self.module.constants[name]
+            if isinstance(constant, (cst.Dict, cst.Lambda)):
+                return self.eval(constant)  # a dispatch table: {"k3": low_var_kl, ...}
             if isinstance(constant, (cst.SimpleString, cst.Integer, cst.Float, cst.Name)):
                 return (
                     self.eval(constant)
@@ -819,6 +881,15 @@ class Interpreter:
             and isinstance(key_value.value, str)
         ):
             return base.items.get(key_value.value, Unknown(_code(expr), (key_value.value,)))
+        if (
+            isinstance(base, DictVal)
+            and base.items
+            and key_value is not None
+            and not isinstance(key_value, Py)
+        ):
+            # A dispatch table indexed by a selector kllint cannot resolve.
+            label = _full_code(expr.slice[0].slice)
+            return _choice([(f"{label} == {key!r}", item) for key, item in base.items.items()])
         if isinstance(base, Seq):
             if isinstance(key_value, ir.Const) and float(key_value.value).is_integer():
                 index = int(key_value.value)
@@ -1519,6 +1590,24 @@ def _merge(then_env: dict[str, Value], else_env: dict[str, Value], label: str) -
         else:
             merged[name] = _choice([(label, a), (_negate(label), b)])
     return merged
+
+
+_LAMBDAS: dict[int, tuple[cst.Lambda, cst.FunctionDef]] = {}
+
+
+def _lambda_as_function(node: cst.Lambda) -> cst.FunctionDef:
+    """``lambda lp, ref: lp - ref`` as ``def lambda(lp, ref): return lp - ref``,
+    made once per lambda so that recursion guards see one function."""
+    cached = _LAMBDAS.get(id(node))
+    if cached is not None and cached[0] is node:
+        return cached[1]
+    function = cst.FunctionDef(
+        name=cst.Name("lambda"),
+        params=node.params,
+        body=cst.IndentedBlock(body=[cst.SimpleStatementLine(body=[cst.Return(value=node.body)])]),
+    )
+    _LAMBDAS[id(node)] = (node, function)
+    return function
 
 
 def _is_selector_literal(expr: cst.BaseExpression) -> bool:
