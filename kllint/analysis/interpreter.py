@@ -21,7 +21,7 @@ from __future__ import annotations
 import itertools
 import re
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import libcst as cst
@@ -578,6 +578,8 @@ class Interpreter:
             ):
                 value = self.name_logprob(name, value)
             if isinstance(value, Unknown):
+                # The variable's own name is evidence too (``mask``, ``beta``).
+                value = replace(value, names=(*value.names, name))
                 value = self.resolve(value, name, keep_unknown=True)
             elif isinstance(value, Choice):
                 value = Choice(
@@ -625,6 +627,35 @@ class Interpreter:
                 container.items[key] = value
                 if is_loss_name(key):
                     self.add_sink(value, f"the loss entry `{key}`", False, node)
+
+    def find_method(self, name: str) -> FuncRef | None:
+        """``self.name``: in this class, else in its base classes (this module's
+        or imported from the project), nearest first."""
+        seen: set[int] = set()
+        queue: list[tuple[ClassInfo, ModuleInfo]] = [(self.cls, self.module)] if self.cls else []
+        while queue:
+            cls, module = queue.pop(0)
+            if id(cls.node) in seen:
+                continue
+            seen.add(id(cls.node))
+            if name in cls.methods:
+                return FuncRef(cls.methods[name], module, cls, bound=True)
+            for base in cls.bases:
+                found = self._class_named(base, module)
+                if found is not None:
+                    queue.append(found)
+        return None
+
+    def _class_named(self, dotted: str, module: ModuleInfo) -> tuple[ClassInfo, ModuleInfo] | None:
+        head = dotted.split(".")[-1]
+        if head in module.classes:
+            return module.classes[head], module
+        imported = module.imports.get(head)
+        if imported is not None and imported.name is not None:
+            target = self.context.project.resolve_module(imported.module, module.path, imported.level)
+            if target is not None and imported.name in target.classes:
+                return target.classes[imported.name], target
+        return None
 
     # ----------------------------------------------------------------- evidence
 
@@ -1067,10 +1098,9 @@ class Interpreter:
                 and receiver.names[0] == "self"
                 and len(receiver.names) == 1
             ):
-                if self.cls is not None and method in self.cls.methods:
-                    return self.inline(
-                        FuncRef(self.cls.methods[method], self.module, self.cls, bound=True), call
-                    )
+                found = self.find_method(method)
+                if found is not None:
+                    return self.inline(found, call)
             if isinstance(receiver, Unknown):
                 if (
                     method in _TENSOR_IDENTITY
