@@ -56,6 +56,7 @@ class Choice:
 @dataclass
 class Seq:
     items: list[Value]
+    appended: bool = False  # a list built by ``.append``: one item per row or step
 
 
 @dataclass
@@ -354,11 +355,7 @@ class Interpreter:
         if isinstance(statement, cst.Match):
             return self.exec_match(statement)
         if isinstance(statement, (cst.For, cst.While)):
-            if isinstance(statement, cst.For):
-                self.assign(statement.target, Unknown(_code(statement.iter), ("loop",)), statement)
-            self.exec_block(statement.body.body)
-            if statement.orelse is not None:
-                self.exec_block(statement.orelse.body.body)
+            self.exec_loop(statement)
             return False
         if isinstance(statement, cst.With):
             saved = self.no_grad
@@ -384,6 +381,84 @@ class Interpreter:
             self.env[statement.name.value] = FuncRef(statement, self.module, self.cls)
             return False
         return False
+
+    def exec_loop(self, statement: cst.For | cst.While) -> None:
+        """A loop body runs once. A loop over time (``for t in
+        reversed(range(T))``) that updates a variable from its own previous
+        value (``lastgaelam = delta + gamma * lam * lastgaelam``, ``ret = r +
+        gamma * ret``) is a scan: the variable becomes the cumulative sum of
+        what is added at each step, reversed for a backward loop. That is how
+        per-token KL rewards reach advantages through GAE and returns loops.
+        Discounts are not modelled (they only scale later tokens' credit)."""
+        direction = _time_loop_direction(statement)
+        if isinstance(statement, cst.For):
+            self.bind_loop_target(statement.target, statement.iter, statement)
+        carried: dict[str, ir.Node] = {}
+        if direction is not None:
+            for name in _assigned_names(statement.body):
+                if isinstance(self.env.get(name), ir.Node):
+                    carried[name] = ir.Opaque(f"{name} at the next step")
+                    self.env[name] = carried[name]
+        before = {name: self.env[name] for name in carried}
+        self.exec_block(statement.body.body)
+        if statement.orelse is not None:
+            self.exec_block(statement.orelse.body.body)
+        if not carried:
+            return
+        scans: dict[int, ir.Node] = {}
+        for name, placeholder in carried.items():
+            step = self.env.get(name)
+            if isinstance(step, ir.Node) and ir.contains(step, placeholder):
+                added = ir.substitute(step, {id(placeholder): ir.Const(0.0)})
+                scan = ir.CumSum(added, reverse=direction == "reverse", origin=step.origin)
+                scans[id(placeholder)] = scan
+                scans[id(step)] = scan  # what was appended each step is the scan itself
+                self.env[name] = scan
+            elif step is before[name]:
+                self.env[name] = ir.Opaque(f"{name} after the loop")
+        for name, value in list(self.env.items()):
+            if isinstance(value, Seq) and value.appended:
+                value.items = [
+                    ir.substitute(i, scans) if isinstance(i, ir.Node) else i for i in value.items
+                ]
+            elif isinstance(value, ir.Node) and scans:
+                self.env[name] = ir.substitute(value, scans)
+
+    def bind_loop_target(
+        self,
+        target: cst.BaseAssignTargetExpression,
+        iterable: cst.BaseExpression,
+        node: cst.CSTNode,
+    ) -> None:
+        """``for logp, ref in zip(logprobs, ref_logprobs)``: each row of a
+        tensor is what the tensor is, so the loop variables are bound to it."""
+        if isinstance(iterable, cst.Call) and isinstance(iterable.func, cst.Name):
+            function = iterable.func.value
+            args = [a.value for a in iterable.args]
+            if (
+                function == "zip"
+                and isinstance(target, (cst.Tuple, cst.List))
+                and len(target.elements) == len(args)
+            ):
+                for element, arg in zip(target.elements, args):
+                    self.bind_loop_target(element.value, arg, node)  # type: ignore[arg-type]
+                return
+            if (
+                function == "enumerate"
+                and isinstance(target, (cst.Tuple, cst.List))
+                and len(target.elements) == 2
+                and args
+            ):
+                self.assign(target.elements[0].value, Unknown("index", ("index",)), node)
+                self.bind_loop_target(target.elements[1].value, args[0], node)  # type: ignore[arg-type]
+                return
+        value = self.eval(iterable)
+        if isinstance(value, (ir.Node, Choice)) and not isinstance(value, ir.Opaque):
+            self.assign(target, value, node)
+        elif isinstance(value, Seq) and value.items and isinstance(target, cst.Name):
+            self.assign(target, value.items[0], node)
+        else:
+            self.assign(target, Unknown(_code(iterable), ("loop",)), node)
 
     def exec_if(self, statement: cst.If) -> bool:
         orelse = statement.orelse
@@ -652,7 +727,9 @@ class Interpreter:
             return module.classes[head], module
         imported = module.imports.get(head)
         if imported is not None and imported.name is not None:
-            target = self.context.project.resolve_module(imported.module, module.path, imported.level)
+            target = self.context.project.resolve_module(
+                imported.module, module.path, imported.level
+            )
             if target is not None and imported.name in target.classes:
                 return target.classes[imported.name], target
         return None
@@ -804,6 +881,8 @@ class Interpreter:
                 [(label, self.eval(expr.body)), (_negate(label), self.eval(expr.orelse))]
             )
         if isinstance(expr, (cst.Tuple, cst.List)):
+            if isinstance(expr, cst.List) and not expr.elements:
+                return Seq([], appended=True)  # a list to be filled by ``.append``
             return Seq([self.eval(e.value) for e in expr.elements if isinstance(e, cst.Element)])
         if isinstance(expr, cst.Dict):
             items: dict[str, Value] = {}
@@ -834,7 +913,10 @@ class Interpreter:
             return FuncRef(self.module.functions[name], self.module)
         if name in self.module.imports:
             imported = self.module.imports[name]
-            full = f"{imported.module}.{imported.name}" if imported.name else imported.module
+            # Leading dots keep a relative import relative: ``from ..core import f``
+            # is "..core.f", resolved from this module's package.
+            dotted = ".".join(p for p in (imported.module, imported.name) if p)
+            full = "." * imported.level + dotted
             return Unknown(name, (name,), module=full)
         if name in self.module.constants:
             constant = self.module.constants[name]
@@ -934,6 +1016,8 @@ class Interpreter:
                 index = key_value.value
                 if -len(base.items) <= index < len(base.items):
                     return base.items[index]
+            if base.appended:
+                return base  # ``steps[::-1]``: the same rows, reordered
             if key_value is not None:
                 label = _full_code(expr.slice[0].slice)
                 return _choice([(f"{label} == {i}", item) for i, item in enumerate(base.items)])
@@ -1068,6 +1152,18 @@ class Interpreter:
                 return Py(None)
             receiver = self.eval(func.value)
             if (
+                method == "append"
+                and isinstance(func.value, cst.Name)
+                and isinstance(self.env.get(func.value.value), Seq)
+                and args
+            ):
+                listed = self.env[func.value.value]
+                assert isinstance(listed, Seq)
+                self.env[func.value.value] = Seq(
+                    [*listed.items, self.eval(args[0].value)], appended=True
+                )
+                return Py(None)
+            if (
                 method in _MUTATING
                 and isinstance(func.value, cst.Name)
                 and func.value.value in self.env
@@ -1136,7 +1232,9 @@ class Interpreter:
             return self.inline(callee, call)
         if isinstance(callee, Unknown):
             if callee.module is not None:
-                module, _, name = callee.module.rpartition(".")
+                level = len(callee.module) - len(callee.module.lstrip("."))
+                module, _, name = callee.module.lstrip(".").rpartition(".")
+                module = "." * level + module
                 return self.call_module_function(module, name, call, args, kwargs)
             name = callee.names[-1] if callee.names else callee.text
             if name in ("float", "int") and args:
@@ -1152,8 +1250,12 @@ class Interpreter:
         args: list[cst.Arg],
         kwargs: dict[str, cst.BaseExpression],
     ) -> Value:
-        root = module.split(".")[0]
-        if root in ("torch", "numpy", "np", "math", "jax", "scipy") or module.startswith("torch"):
+        level = len(module) - len(module.lstrip("."))
+        module = module.lstrip(".")
+        root = module.split(".")[0] if not level else ""
+        if root in ("torch", "numpy", "np", "math", "jax", "scipy") or (
+            not level and module.startswith("torch")
+        ):
             if root != "torch":
                 return Unknown(
                     _code(call), (name,), call=True, numpy=True
@@ -1193,6 +1295,17 @@ class Interpreter:
                         squared, lambda n: ir.Reduce(kind, Axis.ALL, n, origin=origin), call
                     )
                 return squared
+            if (
+                name in ("stack", "cat")
+                and arg_values
+                and isinstance(arg_values[0], Seq)
+                and arg_values[0].appended
+            ):
+                # Rows or steps collected in a loop, put back together.
+                rows = arg_values[0].items
+                if rows and all(_same(row, rows[0]) or row is rows[0] for row in rows):
+                    return rows[0]
+                return Unknown(_code(call), ("stack",), call=True)
             if name == "stack" and arg_values and isinstance(arg_values[0], Seq):
                 items = arg_values[0].items
                 if items and all(isinstance(i, (ir.Node, Choice)) for i in items):
@@ -1213,7 +1326,7 @@ class Interpreter:
             if arg_values:
                 return self.tensor_op(name, arg_values[0], arg_values[1:], kw_values, call)
             return Unknown(_code(call), (name,), call=True)
-        imported = self.context.project.resolve_module(module, self.module.path)
+        imported = self.context.project.resolve_module(module, self.module.path, level)
         if imported is None:
             # ``from pkg.mod import fn`` where fn is a submodule attribute or unresolved
             return self.named_call(name, call, args, kwargs, None)
@@ -1620,6 +1733,45 @@ def _merge(then_env: dict[str, Value], else_env: dict[str, Value], label: str) -
         else:
             merged[name] = _choice([(label, a), (_negate(label), b)])
     return merged
+
+
+def _time_loop_direction(statement: cst.For | cst.While) -> str | None:
+    """``reversed(range(T))`` or ``range(T - 1, -1, -1)``: a backward loop
+    over time; ``range(T)``: forward; anything else: not a loop over time."""
+    if not isinstance(statement, cst.For) or not isinstance(statement.iter, cst.Call):
+        return None
+    call = statement.iter
+    name = dotted_name(call.func)
+    if name == "reversed" and call.args and isinstance(call.args[0].value, cst.Call):
+        inner = dotted_name(call.args[0].value.func)
+        return "reverse" if inner == "range" else None
+    if name == "range":
+        if len(call.args) == 3:
+            step = call.args[2].value
+            if isinstance(step, cst.UnaryOperation) and isinstance(step.operator, cst.Minus):
+                return "reverse"
+        return "forward"
+    return None
+
+
+def _assigned_names(body: cst.BaseSuite) -> list[str]:
+    """Names a loop body assigns (``x = ...``, ``x += ...``), in order."""
+    names: list[str] = []
+
+    class _Assigned(cst.CSTVisitor):
+        def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
+            if isinstance(node.target, cst.Name) and node.target.value not in names:
+                names.append(node.target.value)
+
+        def visit_AugAssign(self, node: cst.AugAssign) -> None:
+            if isinstance(node.target, cst.Name) and node.target.value not in names:
+                names.append(node.target.value)
+
+        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+            return False
+
+    body.visit(_Assigned())
+    return names
 
 
 _LAMBDAS: dict[int, tuple[cst.Lambda, cst.FunctionDef]] = {}

@@ -315,3 +315,36 @@ def _shape_uncached(node: Node) -> tuple[object, ...]:
     else:
         own = ()
     return (type(node).__name__, own, tuple(structure(c) for c in node.children()))
+
+
+def substitute(node: Node, mapping: dict[int, Node]) -> Node:
+    """``node`` with the subtrees whose ids are in ``mapping`` replaced."""
+    if id(node) in mapping:
+        return mapping[id(node)]
+    children = node.children()
+    if not children:
+        return node
+    new = [substitute(child, mapping) for child in children]
+    if all(a is b for a, b in zip(children, new)):
+        return node
+    if isinstance(node, Unary):
+        return Unary(node.op, new[0], origin=node.origin)
+    if isinstance(node, Binary):
+        return Binary(node.op, new[0], new[1], origin=node.origin)
+    if isinstance(node, Clamp):
+        return Clamp(new[0], node.low, node.high, origin=node.origin)
+    if isinstance(node, Reduce):
+        return Reduce(
+            node.kind,
+            node.axis,
+            new[0],
+            new[1] if node.mask is not None else None,
+            origin=node.origin,
+        )
+    if isinstance(node, CumSum):
+        return CumSum(new[0], node.reverse, origin=node.origin)
+    return node
+
+
+def contains(node: Node, target: Node) -> bool:
+    return any(n is target for n in node.walk())

@@ -73,6 +73,31 @@ class KLSite:
         return _names(self.term, Role.OLD_LOGP)
 
     @property
+    def gradient_names(self) -> list[str]:
+        """Policy log-probs the term's gradient flows through (not detached)."""
+        seen: list[str] = []
+
+        def visit(node: ir.Node) -> None:
+            if isinstance(node, ir.Unary) and node.op == "detach":
+                return
+            if (
+                isinstance(node, ir.Atom)
+                and node.role is Role.POLICY_LOGP
+                and node.name not in seen
+            ):
+                seen.append(node.name)
+            for child in node.children():
+                visit(child)
+
+        visit(self.term)
+        return seen
+
+    @property
+    def estimate_names(self) -> list[str]:
+        """The policy (or behaviour) log-probs inside the KL estimate itself."""
+        return _names(self.focus, Role.POLICY_LOGP) + _names(self.focus, Role.OLD_LOGP)
+
+    @property
     def has_time_axis(self) -> bool:
         """Evidence that the log-probs are per token of a sequence (a
         reduction over time, a mask, a reward-to-go, token-level names).

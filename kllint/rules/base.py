@@ -66,13 +66,16 @@ def names(values: list[str]) -> str:
 
 def where(site: KLSite) -> str:
     """The shared middle of every message: estimator, roles, sink, branch."""
+    estimate_from = site.estimate_names or site.policy_names
     parts = [
-        f"with gradient through {names(site.policy_names)} (policy)"
-        if site.policy_names
-        else "with no policy log-prob"
+        f"computed from {names(estimate_from)} against {names(site.reference_names)} (reference)"
     ]
-    parts.append(f"against {names(site.reference_names)} (reference)")
-    text = " ".join(parts) + f", reaching the loss through {site.sink}"
+    gradient = site.gradient_names
+    if gradient:
+        parts.append(f"with gradient through {names(gradient)} (policy)")
+    else:
+        parts.append("with no gradient path to the policy")
+    text = ", ".join(parts) + f", reaching the loss through {site.sink}"
     if site.origin.helper:
         text += f"; computed in {site.origin.helper}"
     if site.branch:

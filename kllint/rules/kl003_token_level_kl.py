@@ -26,16 +26,18 @@ def applies(site: KLSite) -> bool:
 
 
 def message(site: KLSite) -> str:
-    form = site.estimator
-    if site.importance_weighted:
-        form = f"importance-weighted {form}"
-    if site.score_function:
-        form = f"score-function term weighted by the {form}"
-    return (
-        f"per-token {form} is summed over tokens as a loss, {where(site)}: its gradient "
-        "sum_t log_ratio_t * grad log pi(y_t|y_<t) drops the KL that each token causes later "
-        "(sum_{s>t} log_ratio_s), a partial gradient of the sequence KL(pi||pi_ref)"
+    consequence = (
+        "its gradient sum_t log_ratio_t * grad log pi(y_t|y_<t) drops the KL that each token causes "
+        "later (sum_{s>t} log_ratio_s), a partial gradient of the sequence KL(pi||pi_ref)"
     )
+    if site.score_function:
+        # The KL is a detached weight (a reward, a penalty in the advantage).
+        return (
+            f"per-token {site.estimator} penalty weights only its own token's log-prob (a reward "
+            f"without a reward-to-go), {where(site)}: {consequence}"
+        )
+    form = f"importance-weighted {site.estimator}" if site.importance_weighted else site.estimator
+    return f"per-token {form} is summed over tokens as a loss, {where(site)}: {consequence}"
 
 
 RULE = Rule(

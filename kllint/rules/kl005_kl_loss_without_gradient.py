@@ -27,8 +27,9 @@ def applies(site: KLSite) -> bool:
 
 def message(site: KLSite) -> str:
     return (
-        f"{site.estimator} term reaches the loss without a gradient path to the policy, {where(site)}: "
-        "it was computed under no_grad, detached, or from stored log-probs, so grad = 0 and the KL is not regularised"
+        f"{site.estimator} term is added to the loss but carries no gradient, {where(site)}: "
+        "it was computed under no_grad, detached, or from stored log-probs, so its gradient is 0 "
+        "and the KL does not regularise"
     )
 
 
