@@ -902,7 +902,41 @@ class Interpreter:
             return self.eval(expr.expression)
         if isinstance(expr, cst.Lambda):
             return FuncRef(_lambda_as_function(expr), self.module)
+        if isinstance(expr, cst.DictComp):
+            return self.eval_dict_comprehension(expr)
         return Unknown(_code(expr), (type(expr).__name__,))
+
+    def eval_dict_comprehension(self, expr: cst.DictComp) -> Value:
+        """``{k: v[idx] for k, v in batch.items()}`` over a known dict (a
+        minibatch cut from a rollout): the same entries, each transformed."""
+        loop = expr.for_in
+        source = loop.iter
+        if (
+            loop.inner_for_in is None
+            and not loop.ifs
+            and isinstance(source, cst.Call)
+            and isinstance(source.func, cst.Attribute)
+            and source.func.attr.value == "items"
+            and isinstance(loop.target, cst.Tuple)
+            and len(loop.target.elements) == 2
+            and all(isinstance(e.value, cst.Name) for e in loop.target.elements)
+        ):
+            table = self.eval(source.func.value)
+            if isinstance(table, DictVal):
+                key_name = loop.target.elements[0].value.value  # type: ignore[attr-defined]
+                value_name = loop.target.elements[1].value.value  # type: ignore[attr-defined]
+                saved = {n: self.env.get(n) for n in (key_name, value_name)}
+                items: dict[str, Value] = {}
+                for key, item in table.items.items():
+                    self.env[key_name], self.env[value_name] = Py(key), item
+                    items[key] = self.eval(expr.value)
+                for n, v in saved.items():
+                    if v is None:
+                        self.env.pop(n, None)
+                    else:
+                        self.env[n] = v
+                return DictVal(items)
+        return Unknown(_code(expr), ("comprehension",))
 
     def lookup(self, name: str) -> Value:
         if name in self.env:
