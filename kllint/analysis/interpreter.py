@@ -88,6 +88,7 @@ class Unknown:
     detached: bool = False
     module: str | None = None  # an imported module or name it refers to
     numpy: bool = False  # a NumPy (or other non-autograd) array
+    distribution: bool = False  # log_softmax over the vocabulary, not gathered
 
 
 @dataclass
@@ -750,7 +751,7 @@ class Interpreter:
                 for a in n.atoms()
                 if a.role in (Role.POLICY_LOGP, Role.OLD_LOGP, Role.REFERENCE_LOGP)
             }
-            if len(atoms) >= 2 or n.has_role(Role.REFERENCE_LOGP):
+            if len(atoms) >= 2 or n.has_role(Role.REFERENCE_LOGP) or _has_distribution(n):
                 return value  # a log-ratio (``logprobs_diff = new - old``), not a log-prob
         logprob_nodes = [
             n
@@ -808,7 +809,8 @@ class Interpreter:
             if weight is not None:
                 return ir.Atom(weight, unknown.text)
             return ir.Opaque(unknown.text)
-        atom: ir.Node = ir.Atom(role, name, roles.level_of(name))
+        level = ir.Level.DISTRIBUTION if unknown.distribution else roles.level_of(name)
+        atom: ir.Node = ir.Atom(role, name, level)
         if prob:
             atom = ir.Unary("exp", atom)
         if unknown.stored or unknown.detached or self.no_grad:
@@ -1429,6 +1431,7 @@ class Interpreter:
             call=True,
             reference_model=self._reference_args(call),
             logprob_op=True,
+            distribution=name == "log_softmax",
         )
 
     def unknown_call(
@@ -1527,6 +1530,12 @@ class Interpreter:
 
     # ----------------------------------------------------------------- tensor operations
 
+    def gathered(self, value: Value, call: cst.Call) -> Value:
+        """``log_probs.gather(-1, ids)``: the log-prob of the sampled token."""
+        if isinstance(value, Unknown):
+            return replace(value, distribution=False)
+        return self.lift1(value, _to_token_level, call)
+
     def tensor_op(
         self,
         name: str,
@@ -1536,6 +1545,8 @@ class Interpreter:
         call: cst.Call,
     ) -> Value:
         origin = self.origin(call)
+        if name == "gather":
+            return self.gathered(receiver, call)
         if name in _TENSOR_IDENTITY:
             return receiver
         if name in _DETACHING:
@@ -1561,6 +1572,10 @@ class Interpreter:
             dim = kwargs.get("dim", kwargs.get("axis", args[0] if args else None))
             kind = "sum" if "sum" in name else "mean"
             axis = _axis(dim)
+            if axis is Axis.TIME and _has_distribution(receiver):
+                return self.lift1(
+                    receiver, lambda n: _vocabulary_expectation(kind, n, origin), call
+                )
             if isinstance(receiver, Flipped):
                 receiver = receiver.node if axis is not Axis.BATCH else receiver
             return self.lift1(receiver, lambda n: ir.Reduce(kind, axis, n, origin=origin), call)
@@ -1767,6 +1782,78 @@ def _merge(then_env: dict[str, Value], else_env: dict[str, Value], label: str) -
         else:
             merged[name] = _choice([(label, a), (_negate(label), b)])
     return merged
+
+
+def _has_distribution(value: Value) -> bool:
+    nodes = [v for _, v in value.options] if isinstance(value, Choice) else [value]
+    return any(
+        isinstance(n, ir.Node) and any(a.level is ir.Level.DISTRIBUTION for a in n.atoms())
+        for n in nodes
+    )
+
+
+def _to_token_level(node: ir.Node) -> ir.Node:
+    mapping: dict[int, ir.Node] = {
+        id(a): ir.Atom(a.role, a.name, ir.Level.TOKEN, origin=a.origin)
+        for a in node.atoms()
+        if a.level is ir.Level.DISTRIBUTION
+    }
+    return ir.substitute(node, mapping) if mapping else node
+
+
+def _strip(node: ir.Node) -> ir.Node:
+    while isinstance(node, ir.Unary) and node.op == "detach":
+        node = node.arg
+    return node
+
+
+def _vocabulary_expectation(kind: str, node: ir.Node, origin: ir.Origin) -> ir.Node:
+    """``sum_v p_v (log p_v - log q_v)`` at each position: an exact divergence
+    between next-token distributions. It has no per-sample form in the IR, so
+    it is lowered to the per-token surrogate with the same expected gradient
+    on the sampled token y ~ pi:
+
+    * KL(pi||pi_ref) per position: grad = E_y[logr grad log pi], as the score
+      function ``sg(logr) * logp``;
+    * KL(pi_ref||pi) per position: grad = E_y[(1 - exp(-logr)) grad log pi],
+      as k3 on the sampled token.
+
+    Anything else summed over the vocabulary stays opaque (no claim)."""
+    if kind == "sum" and isinstance(node, ir.Binary) and node.op == "mul":
+        for weight, difference in ((node.left, node.right), (node.right, node.left)):
+            weight = _strip(weight)
+            if not (isinstance(weight, ir.Unary) and weight.op == "exp"):
+                continue
+            if not (isinstance(difference, ir.Binary) and difference.op == "sub"):
+                continue
+            first, second = _strip(difference.left), _strip(difference.right)
+            if ir.structure(_strip(weight.arg)) != ir.structure(first):
+                continue
+            roles_of = ({a.role for a in first.atoms()}, {a.role for a in second.atoms()})
+            policy = _to_token_level(
+                difference.left if Role.POLICY_LOGP in roles_of[0] else difference.right
+            )
+            reference = _to_token_level(
+                difference.right if Role.POLICY_LOGP in roles_of[0] else difference.left
+            )
+            log_ratio = ir.Binary("sub", policy, reference, origin=origin)
+            if roles_of == ({Role.POLICY_LOGP}, {Role.REFERENCE_LOGP}):
+                origin.estimate = "exact KL(pi||pi_ref) over the vocabulary at each position"
+                # The weight carries gradient too, but sum_v grad p_v = 0 makes the
+                # expectation of the score the whole story.
+                return ir.Binary("mul", ir.detach(log_ratio, origin), policy, origin=origin)
+            if roles_of == ({Role.REFERENCE_LOGP}, {Role.POLICY_LOGP}):
+                origin.estimate = "exact KL(pi_ref||pi) over the vocabulary at each position"
+                minus = ir.neg(log_ratio, origin)
+                return ir.Binary(
+                    "sub",
+                    ir.Binary(
+                        "add", ir.Unary("exp", minus, origin=origin), log_ratio, origin=origin
+                    ),
+                    ir.Const(1.0),
+                    origin=origin,
+                )
+    return ir.Opaque("a sum over the vocabulary")
 
 
 def _time_loop_direction(statement: cst.For | cst.While) -> str | None:

@@ -41,6 +41,10 @@ class Role(enum.Enum):
 class Level(enum.Enum):
     TOKEN = "token"
     SEQUENCE = "sequence"
+    # A log-prob for every vocabulary entry at each position (``log_softmax``
+    # before the gather). Only its expectation over the vocabulary, an exact
+    # per-position divergence, enters a KL term (see the interpreter).
+    DISTRIBUTION = "distribution"
 
 
 class Axis(enum.Enum):
@@ -68,6 +72,9 @@ class Origin:
     helper_node: object = field(default=None, repr=False)  # the helper's FunctionDef
     statement: object = field(default=None, repr=False)  # the statement the node is in
     notes: list[str] = field(default_factory=list)  # e.g. how a selector was resolved
+    # What the code computes here when the IR holds a surrogate with the same
+    # expected gradient instead (an exact divergence over the vocabulary).
+    estimate: str | None = None
 
     def describe(self) -> str:
         where = f"{self.path}:{self.line}"

@@ -140,6 +140,7 @@ def kl_terms(value: ir.Node) -> list[ir.Node]:
         for t in _split(value)
         if t.has_role(Role.REFERENCE_LOGP)
         and any(t.has_role(r) for r in _LOGPROB_ROLES)
+        and not any(a.level is ir.Level.DISTRIBUTION for a in t.atoms())
         and not _is_preference_contrast(t)
     ]
 
@@ -307,6 +308,6 @@ def build_site(
         sink=sink,
         strong_sink=strong,
         profile=gradient_profile,
-        estimator=estimator_name(focus),
+        estimator=origin.estimate or estimator_name(focus),
         branch=branch,
     )

@@ -30,7 +30,7 @@ def message(site: KLSite) -> str:
         "its gradient sum_t log_ratio_t * grad log pi(y_t|y_<t) drops the KL that each token causes "
         "later (sum_{s>t} log_ratio_s), a partial gradient of the sequence KL(pi||pi_ref)"
     )
-    if site.score_function:
+    if site.score_function and not site.origin.estimate:
         # The KL is a detached weight (a reward, a penalty in the advantage).
         return (
             f"per-token {site.estimator} penalty weights only its own token's log-prob (a reward "

@@ -20,8 +20,11 @@ def applies(site: KLSite) -> bool:
     return (
         site.profile.direction is Direction.NONE
         and not bool(site.facts.get("loss_detached"))
-        # A claim of absence: an unknown factor might be the gradient path.
+        # A claim of absence: an unknown factor might be the gradient path,
+        # and a policy log-prob outside any detach means the zero came from
+        # two log-probs kllint cannot tell apart, not from a missing path.
         and not ir.has_unknown_gradient(site.term)
+        and not site.gradient_names
     )
 
 
