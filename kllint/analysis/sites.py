@@ -287,9 +287,29 @@ def _has_ratio_factor(term: ir.Node, focus: ir.Node) -> bool:
 _PROFILES: dict[tuple[object, ...], GradientProfile | None] = {}
 
 
+_CURRENT_WORDS = frozenset({"new", "cur", "curr", "current", "online", "updated"})
+
+
+def _behaviour_by_contrast(term: ir.Node) -> ir.Node:
+    """``exp(new_logprobs - logprobs)``: when a term holds a policy log-prob
+    named as the current one (new, current) and others named plainly, the
+    plain ones are the rollout's (behaviour policy, no gradient)."""
+    names = _names(term, Role.POLICY_LOGP)
+    current = [n for n in names if has_words(n, _CURRENT_WORDS)]
+    if not current or len(current) == len(names):
+        return term
+    mapping: dict[int, ir.Node] = {
+        id(a): ir.Atom(Role.OLD_LOGP, a.name, a.level, origin=a.origin)
+        for a in term.atoms()
+        if a.role is Role.POLICY_LOGP and a.name not in current
+    }
+    return ir.substitute(term, mapping)
+
+
 def build_site(
     term: ir.Node, sink: str, strong: bool, branch: str, fallback: ir.Origin
 ) -> KLSite | None:
+    term = _behaviour_by_contrast(term)
     key = ir.structure(term)
     if key not in _PROFILES:  # alternatives of unrelated branches repeat the same term
         try:
