@@ -30,7 +30,7 @@ def message(site: KLSite) -> str:
             "applied to the sequence log-ratio it gives (1 - exp(-sum_t log_ratio_t)) * grad log pi(y), "
             "whose expectation is grad KL(pi_ref||pi) of the sequence, not grad KL(pi||pi_ref)"
         )
-    elif not p.token_level or p.credit.value == "none":
+    elif site.has_time_axis and p.credit.value == "none":
         consequence += (
             "; summed over tokens it is also only the token-level part of the sequence gradient"
         )
