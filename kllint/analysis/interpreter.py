@@ -974,7 +974,12 @@ class Interpreter:
                 return self.lift1(base, lambda n: ir.detach(n, self.origin(expr)), expr)
             if attr in ("T", "mT", "real"):
                 return base
+            if attr == "shape":
+                # Sizes are positive constants: a normaliser, not a gradient path.
+                return ir.Atom(Role.COEFFICIENT, _code(expr))
             return Unknown(_code(expr), (attr,))
+        if isinstance(base, Unknown) and attr == "shape" and base.module is None:
+            return ir.Atom(Role.COEFFICIENT, _code(expr))
         if isinstance(base, Unknown):
             names = (*base.names, attr)
             stored = base.stored or (not base.call and _is_container_chain(base.names))
@@ -1275,6 +1280,8 @@ class Interpreter:
             name = callee.names[-1] if callee.names else callee.text
             if name in ("float", "int") and args:
                 return self.eval(args[0].value)
+            if name == "len" and args:
+                return ir.Atom(Role.COEFFICIENT, _code(call))
             return self.named_call(name, call, args, kwargs, callee)
         return Unknown(_code(call), ("call",), call=True)
 
@@ -1437,6 +1444,8 @@ class Interpreter:
     def unknown_call(
         self, call: cst.Call, method: str, receiver: Unknown, args: list[cst.Arg]
     ) -> Value:
+        if method in ("size", "numel", "dim") and receiver.module is None:
+            return ir.Atom(Role.COEFFICIENT, _code(call))
         if method == "log_prob":
             return Unknown(
                 _code(call),
@@ -1591,6 +1600,8 @@ class Interpreter:
             return ir.Opaque("flip")
         if name in ("log_softmax", "softmax"):
             return ir.Opaque(name)
+        if name in ("size", "numel", "dim"):
+            return ir.Atom(Role.COEFFICIENT, _code(call))
         if name in ("item",):
             return self.lift1(receiver, lambda n: ir.detach(n, origin), call)
         return ir.Opaque(f".{name}()")
