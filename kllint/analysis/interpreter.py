@@ -225,7 +225,6 @@ _LOSS_FUNCTIONS = frozenset(
         "policy_loss",
     }
 )
-_MODULE_PREFIXES = ("torch", "F", "nn", "functional")
 
 
 def is_loss_name(name: str) -> bool:
@@ -247,10 +246,6 @@ class FileContext:
 
 
 # --------------------------------------------------------------------- interpreter
-
-
-class _Return(Exception):
-    pass
 
 
 class Interpreter:
