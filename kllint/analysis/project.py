@@ -41,6 +41,7 @@ _FIELD = re.compile(
     + _LITERAL
     + r"\s*\)?\s*(?:#.*)?$"
 )
+_FIELD_CALL = re.compile(r"^(\w+)\s*:\s*[^=]+?=\s*(?:dataclasses\.)?field\(")
 _BLOCK = re.compile(r"^(\s*)(class|def|async\s+def)\b")
 _YAML = re.compile(
     r"^[ \t]*([A-Za-z_]\w*)[ \t]*:[ \t]*(\"[^\"\n]*\"|'[^'\n]*'|[A-Za-z_][\w.-]*|-?\d+(?:\.\d+)?)[ \t]*(?:#.*)?$",
@@ -197,7 +198,8 @@ class Project:
         # Class-body assignments (dataclass and pydantic fields, plain config
         # classes): a line directly inside a ``class`` block, not in a method.
         blocks: list[tuple[int, str]] = []  # (indent of the block's header, kind)
-        for number, source_line in enumerate(text.splitlines(), 1):
+        lines = text.splitlines()
+        for number, source_line in enumerate(lines, 1):
             stripped = source_line.lstrip()
             if not stripped or stripped.startswith("#"):
                 continue
@@ -216,6 +218,25 @@ class Project:
                         _literal(field_match.group(2)),
                         f"field default in {shown}:{number}",
                     )
+                    continue
+                # ``name: Literal["k1", "k3"] = field(`` with ``default="k1",``
+                # on a later line of the same call.
+                opened = _FIELD_CALL.match(stripped)
+                if opened:
+                    call = " ".join(lines[number - 1 : number + 15])
+                    depth, end = 0, len(call)
+                    for index, char in enumerate(call):
+                        depth += {"(": 1, ")": -1}.get(char, 0)
+                        if depth == 0 and char == ")":
+                            end = index
+                            break
+                    default = _ARG_DEFAULT.search(call[:end])
+                    if default is not None:
+                        defaults.add(
+                            opened.group(1),
+                            _literal(default.group(1)),
+                            f"field default in {shown}:{number}",
+                        )
 
 
 def package_base(path: Path) -> Path:
