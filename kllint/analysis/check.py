@@ -23,7 +23,8 @@ from kllint.analysis.interpreter import (
 from kllint.analysis.ir import clear_caches
 from kllint.analysis.project import Project
 from kllint.analysis.roles import REFERENCE_WORDS, RolePatterns, words
-from kllint.analysis.sites import KLSite, build_site, kl_terms
+from kllint.analysis.gradient import Credit, Direction, Unsupported, profile
+from kllint.analysis.sites import KLSite, build_site, focus_of, kl_terms
 from kllint.findings import Finding
 from kllint.rules import all_rules
 
@@ -111,6 +112,7 @@ def _syntax_check(source: str, path: str) -> None:
 def _findings(sinks: list[Sink], path: str) -> list[Finding]:
     rules = all_rules()
     best: dict[tuple[str, int], Finding] = {}
+    cleared: set[int] = set()  # estimates whose loss is right as a whole
     # Strong sinks (backward, a loss function's return) first, so that a
     # finding names the strongest evidence that the term is a loss.
     for sink in sorted(sinks, key=lambda s: not s.strong):
@@ -120,7 +122,17 @@ def _findings(sinks: list[Sink], path: str) -> list[Finding]:
             if not isinstance(value, ir.Node):
                 continue
             loss_detached = ir.detached_as_a_whole(value)
-            for term in kl_terms(value):
+            terms = kl_terms(value)
+            if len(terms) > 1 and _correct_together(terms):
+                # A k3 reward and a k3 loss in the same loss ("both" in
+                # Tang & Munos): each is biased, their sum is the right
+                # gradient. Partial losses on the way (``kl_loss``) are cleared too.
+                for term in terms:
+                    origin = focus_of(term).origin
+                    if origin is not None:
+                        cleared.add(id(origin.cst_node))
+                continue
+            for term in terms:
                 site = build_site(
                     term, sink.description, sink.strong, show_condition(branch), fallback
                 )
@@ -146,12 +158,28 @@ def _findings(sinks: list[Sink], path: str) -> list[Finding]:
     return [
         f
         for f in best.values()
-        if not (
+        if not (f.site and id(f.site.origin.cst_node) in cleared)
+        and not (
             f.site
             and f.site.origin.helper
             and (f.code, id(f.site.origin.helper_node)) in reported_inside
         )
     ]
+
+
+def _correct_together(terms: list[ir.Node]) -> bool:
+    total = terms[0]
+    for term in terms[1:]:
+        total = ir.Binary("add", total, term)
+    try:
+        together = profile(total)
+    except Unsupported:
+        return False
+    return (
+        together.direction is Direction.KL
+        and together.scale > 0
+        and together.credit is Credit.REWARD_TO_GO
+    )
 
 
 def _place(findings: list[Finding], module: cst.Module) -> None:

@@ -188,12 +188,24 @@ def _evaluate_uncached(
                 clamped.append(d)
         return clamped, per_token
     if isinstance(node, ir.Reduce):
-        if detached and node.axis is not Axis.TIME:
-            # A batch statistic in a detached weight (the mean of a whitened
-            # advantage, a group baseline): in a large batch it is a constant
-            # that does not depend on this sample, so it adds no expected gradient.
-            return [Dual.const(_WEIGHT, n)], False
         values, per_token = _evaluate(node.arg, point, memo, detached)
+        if detached and node.axis is not Axis.TIME:
+            # A batch statistic in a detached weight (a whitened advantage, a
+            # group baseline). A mean over a large batch is a constant that does
+            # not depend on this sample; a sum holds this sample once, plus a
+            # constant: (sum(r) - r) / (k - 1), the leave-one-out baseline,
+            # does not depend on r.
+            if node.kind == "mean":
+                return [Dual.const(_WEIGHT, n)], False
+            own = values
+            if per_token:
+                own = [
+                    Dual(
+                        sum(d.value for d in values),
+                        [sum(col) for col in zip(*(d.grad for d in values))],
+                    )
+                ]
+            return [Dual(d.value + _WEIGHT, d.grad) for d in own], False
         if node.axis is Axis.BATCH or not per_token:
             return values, per_token
         weights = [1.0] * len(values)
