@@ -11,6 +11,7 @@ import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
 from kllint.analysis import ir
+from kllint.analysis.gradient import Credit, Direction, Unsupported, profile
 from kllint.analysis.interpreter import (
     Choice,
     FileContext,
@@ -23,7 +24,6 @@ from kllint.analysis.interpreter import (
 from kllint.analysis.ir import clear_caches
 from kllint.analysis.project import Project
 from kllint.analysis.roles import REFERENCE_WORDS, RolePatterns, words
-from kllint.analysis.gradient import Credit, Direction, Unsupported, profile
 from kllint.analysis.sites import KLSite, build_site, focus_of, kl_terms
 from kllint.findings import Finding
 from kllint.rules import all_rules
