@@ -141,6 +141,9 @@ _TENSOR_IDENTITY = frozenset(
         "requires_grad_",
         "nan_to_num",
         "masked_fill",
+        "bool",
+        "long",
+        "int",
         "gather",
         "index_select",
         "narrow",
@@ -1307,7 +1310,6 @@ class Interpreter:
                 "sigmoid",
                 "softplus",
                 "binary_cross_entropy_with_logits",
-                "where",
                 "cat",
                 "min",
                 "max",
@@ -1317,6 +1319,33 @@ class Interpreter:
                 return ir.Opaque(f"torch.{name}")
             arg_values = [self.eval(a.value) for a in args]
             kw_values = {k: self.eval(v) for k, v in kwargs.items()}
+            if name == "where" and len(arg_values) == 3:
+                # torch.where(mask.bool(), values, 0.0): masking, values * mask.
+                # Any other condition (a clip, a comparison) stays opaque.
+                condition, chosen, other = arg_values
+                if isinstance(condition, ir.Node) and _is_mask(condition):
+                    origin = self.origin(call)
+                    return self.lift2(
+                        chosen,
+                        other,
+                        lambda a, b: (
+                            ir.binary("mul", a, condition, origin)
+                            if isinstance(b, ir.Const) and b.value == 0
+                            else ir.binary(
+                                "add",
+                                ir.binary("mul", a, condition, origin),
+                                ir.binary(
+                                    "mul",
+                                    b,
+                                    ir.binary("sub", ir.Const(1.0), condition, origin),
+                                    origin,
+                                ),
+                                origin,
+                            )
+                        ),
+                        call,
+                    )
+                return ir.Opaque("torch.where")
             if name == "mse_loss" and len(arg_values) >= 2:
                 # F.mse_loss(logp, ref) = mean((logp - ref) ** 2): twice k2.
                 reduction = kw_values.get("reduction", Py("mean"))
@@ -1788,6 +1817,15 @@ def _merge(then_env: dict[str, Value], else_env: dict[str, Value], label: str) -
         else:
             merged[name] = _choice([(label, a), (_negate(label), b)])
     return merged
+
+
+def _is_mask(node: ir.Node) -> bool:
+    atoms = list(node.atoms())
+    return (
+        bool(atoms)
+        and all(a.role is Role.MASK for a in atoms)
+        and not any(isinstance(n, ir.Opaque) for n in node.walk())
+    )
 
 
 def _has_distribution(value: Value) -> bool:
