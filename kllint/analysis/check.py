@@ -18,6 +18,7 @@ from kllint.analysis.interpreter import (
     Interpreter,
     Sink,
     called_names,
+    common_condition,
     iter_functions,
     show_condition,
 )
@@ -111,8 +112,10 @@ def _syntax_check(source: str, path: str) -> None:
 
 def _findings(sinks: list[Sink], path: str) -> list[Finding]:
     rules = all_rules()
+    rules_by_code = {rule.code: rule for rule in rules}
     best: dict[tuple[str, int], Finding] = {}
     cleared: set[int] = set()  # estimates whose loss is right as a whole
+    branches: dict[tuple[str, int], list[str]] = {}  # every path that gives the finding
     # Strong sinks (backward, a loss function's return) first, so that a
     # finding names the strongest evidence that the term is a loss.
     for sink in sorted(sinks, key=lambda s: not s.strong):
@@ -146,8 +149,16 @@ def _findings(sinks: list[Sink], path: str) -> list[Finding]:
                     if finding is None:
                         continue
                     key = (finding.code, id(site.origin.cst_node))
+                    branches.setdefault(key, []).append(branch)
                     if key not in best:
                         best[key] = finding
+    # A finding reached on several paths names only the conditions they share.
+    for key, finding in best.items():
+        shared = common_condition(branches[key])
+        if finding.site is not None and shared != finding.site.branch:
+            finding.site.branch = shared
+            finding.message = rules_by_code[finding.code].message(finding.site)
+            finding.facts["branch"] = shared or None
     # A loss helper of this file (``_compute_losses``) is reported where the
     # estimator is written; its callers need not repeat the same finding.
     reported_inside = {

@@ -321,9 +321,11 @@ class Interpreter:
 
     def _is_loss_function(self, fn: cst.FunctionDef) -> bool:
         name = fn.name.value
-        if name in self.context.called:
+        if name in self.context.called and name not in _LOSS_FUNCTIONS:
             # A helper of this file: judged at its call sites, where the
             # arguments (and so the branch and the gradient path) are known.
+            # Framework entry points (compute_loss, training_step) stay losses
+            # even when the file also calls them, e.g. under no_grad to evaluate.
             return False
         if name in _LOSS_FUNCTIONS or is_loss_name(name):
             return True
@@ -520,7 +522,7 @@ class Interpreter:
                 guard = self.truth(case.guard)
                 truth = False if guard is False else (truth if guard is True else None)
             text = f"{subject_text} == {_full_code(case.pattern)}"
-            selects = any(isinstance(n, cst.SimpleString) for n in _descendants(case.pattern))
+            selects = self.selects_estimator(statement.subject, case.pattern, text)
             return self.exec_branch(
                 truth,
                 lambda: text if selects else _HIDDEN + text,
@@ -548,15 +550,27 @@ class Interpreter:
 
     def condition_label(self, test: cst.BaseExpression) -> str:
         """A branch condition, shown in messages only when it can select an
-        estimator: it compares with a string or mentions the KL."""
+        estimator: it mentions the KL, or compares a selector (``kind``,
+        ``estimator``, any string test inside a helper) with a string. A
+        ``loss_type == "cispo"`` in the trainer around it is not shown."""
         text = _full_code(test)
+        return text if self.selects_estimator(test, test, text) else _HIDDEN + text
+
+    def selects_estimator(self, subject: cst.CSTNode, compared: cst.CSTNode, text: str) -> bool:
         lowered = text.lower()
-        selects = (
-            "kl" in lowered
-            or "estimator" in lowered
-            or any(isinstance(n, cst.SimpleString) for n in _descendants(test))
-        )
-        return text if selects else _HIDDEN + text
+        if any(word in lowered for word in ("kl", "estimator", "penalty", "divergence")):
+            return True
+        if not any(isinstance(n, cst.SimpleString) for n in _descendants(compared)):
+            return False
+        if self.depth > 0:
+            return True
+        names = {
+            w
+            for n in _descendants(subject)
+            if isinstance(n, cst.Name)
+            for w in roles.words(n.value)
+        }
+        return bool(names & _SELECTOR_WORDS)
 
     def exec_small(self, small: cst.BaseSmallStatement) -> bool:
         if isinstance(small, cst.Assign):
@@ -1634,6 +1648,9 @@ class Interpreter:
 # --------------------------------------------------------------------- helpers
 
 _BINOPS = {"Add": "add", "Subtract": "sub", "Multiply": "mul", "Divide": "div", "Power": "pow"}
+_SELECTOR_WORDS = frozenset(
+    {"kind", "estimator", "estimate", "variant", "approx", "approximation", "kl"}
+)
 _ADVANTAGE_ESTIMATOR_WORDS = frozenset(
     {"gae", "advantage", "advantages", "return", "returns", "rtg"}
 )
@@ -1732,12 +1749,20 @@ def _choice(options: list[tuple[str, Value]]) -> Value:
             flat.append((label, value))
     # Unrelated branches (an entropy flag, a padding mode) multiply the
     # alternatives without changing the KL term: keep one of each shape.
+    # The same value on several paths holds under what those paths share.
     distinct: list[tuple[str, Value]] = []
-    seen: set[object] = set()
+    position: dict[object, int] = {}
     for label, value in flat:
         key = ir.structure(value) if isinstance(value, ir.Node) else id(value)
-        if key not in seen:
-            seen.add(key)
+        if key in position:
+            kept_label, kept = distinct[position[key]]
+            shared = set(label.split(_AND))
+            distinct[position[key]] = (
+                _AND.join(c for c in kept_label.split(_AND) if c in shared),
+                kept,
+            )
+        else:
+            position[key] = len(distinct)
             distinct.append((label, value))
     flat = distinct[:MAX_OPTIONS]
     if not flat:
@@ -1791,6 +1816,14 @@ def show_condition(label: str) -> str:
     return " and ".join(
         c for c in shown if not (c.startswith("not (") and _subject(c[5:-1]) in positive - {None})
     )
+
+
+def common_condition(labels: list[str]) -> str:
+    """What every path to a finding has in common, shown."""
+    sets = [set(label.split(_AND)) - {""} for label in labels]
+    shared = set.intersection(*sets) if sets else set()
+    ordered = [c for c in labels[0].split(_AND) if c in shared] if labels else []
+    return show_condition(_AND.join(ordered))
 
 
 def _subject(condition: str) -> str | None:
