@@ -1017,6 +1017,9 @@ class Interpreter:
         project gives that setting, if there is exactly one."""
         if base.call or base.module is not None:
             return None
+        typed = self.typed_default(base, attr)
+        if typed is not None:
+            return typed
         if not any(w in _CONFIG_WORDS for n in base.names for w in roles.words(n)):
             return None
         defaults = self.context.project.config_defaults(self.context.fs_path, attr)
@@ -1035,6 +1038,49 @@ class Interpreter:
         return Py(
             defaults[0].value, source="; ".join(sources[:2]) + (" ..." if len(sources) > 2 else "")
         )
+
+    def typed_default(self, base: Unknown, attr: str) -> Py | None:
+        """``config.x`` where ``config: TrainerConfig`` is a parameter (or
+        ``self.args.x`` where ``__init__`` takes ``args: TrainerConfig``): the
+        default that class gives ``x``, the most specific evidence there is."""
+        annotation: cst.BaseExpression | None = None
+        if len(base.names) == 1 and self.function_node is not None:
+            annotation = _annotation_of(self.function_node, base.names[0])
+        elif len(base.names) == 2 and base.names[0] == "self" and self.cls is not None:
+            init = self.cls.methods.get("__init__")
+            if init is not None:
+                annotation = _annotation_of(init, base.names[1])
+        class_name = dotted_name(annotation) if annotation is not None else None
+        if class_name is None:
+            return None
+        found = self._class_named(class_name, self.module)
+        if found is None:
+            return None
+        cls, module = found
+        for statement in cls.node.body.body:
+            if not isinstance(statement, cst.SimpleStatementLine):
+                continue
+            for small in statement.body:
+                if not (isinstance(small, cst.AnnAssign) and isinstance(small.target, cst.Name)):
+                    continue
+                if small.target.value != attr or small.value is None:
+                    continue
+                value: cst.BaseExpression | None = small.value
+                if isinstance(value, cst.Call) and dotted_name(value.func) in (
+                    "field",
+                    "dataclasses.field",
+                ):
+                    value = next(
+                        (a.value for a in value.args if a.keyword and a.keyword.value == "default"),
+                        None,
+                    )
+                if isinstance(value, cst.SimpleString) and isinstance(value.evaluated_value, str):
+                    line = module.line_of_class(cls.node.name.value)
+                    return Py(
+                        value.evaluated_value,
+                        source=f"`{cls.node.name.value}` ({module.path.name}:{line})",
+                    )
+        return None
 
     def eval_subscript(self, expr: cst.Subscript) -> Value:
         base = self.eval(expr.value)
@@ -1988,6 +2034,14 @@ def _lambda_as_function(node: cst.Lambda) -> cst.FunctionDef:
     )
     _LAMBDAS[id(node)] = (node, function)
     return function
+
+
+def _annotation_of(fn: cst.FunctionDef, name: str) -> cst.BaseExpression | None:
+    params = fn.params
+    for param in [*params.posonly_params, *params.params, *params.kwonly_params]:
+        if param.name.value == name and param.annotation is not None:
+            return param.annotation.annotation
+    return None
 
 
 def _is_selector_literal(expr: cst.BaseExpression) -> bool:

@@ -46,6 +46,12 @@ class ModuleInfo:
                     self._def_lines.setdefault(fn, number)
         return self._def_lines.get(name, 0)
 
+    def line_of_class(self, name: str) -> int:
+        for number, line in enumerate(self.source.splitlines(), 1):
+            if line.lstrip().startswith(f"class {name}"):
+                return number
+        return 0
+
     def _collect(self, body: object) -> None:
         for statement in body:  # type: ignore[attr-defined]
             if isinstance(statement, cst.FunctionDef):
