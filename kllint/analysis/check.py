@@ -141,6 +141,8 @@ def _findings(sinks: list[Sink], path: str) -> list[Finding]:
                 )
                 if site is None:
                     continue
+                if sink.inlined_call is not None and site.origin.cst_node is sink.inlined_call:
+                    continue  # computed inside the helper: reported by the helper itself
                 site.facts["loss_detached"] = loss_detached
                 site.facts["function"] = sink.function_node
                 site.facts["backward"] = sink.backward

@@ -74,6 +74,11 @@ def _dual_binary(op: str, a: Dual, b: Dual) -> Dual:
             raise Unsupported("division by zero")
         v = a.value / b.value
         return Dual(v, [(x - v * y) / b.value for x, y in zip(a.grad, b.grad)])
+    if op in ("max", "min"):
+        # Ties (the clipped and unclipped PPO objectives at ratio = 1) take
+        # the first operand, the unclipped one.
+        first = a.value >= b.value if op == "max" else a.value <= b.value
+        return a if first else b
     if op == "pow":
         if not any(b.grad):
             if a.value == 0 and b.value < 1:

@@ -113,6 +113,9 @@ class Sink:
     function: str
     function_node: cst.CSTNode | None = None
     backward: bool = False  # reaches .backward() itself
+    # For a backward pass inside a helper the function calls: that call.
+    # Estimates computed inside the helper are the helper's own findings.
+    inlined_call: cst.CSTNode | None = None
 
 
 # --------------------------------------------------------------------- context
@@ -651,6 +654,23 @@ class Interpreter:
                     self.function_name,
                     self.function_node,
                     backward,
+                )
+            )
+        elif backward and self.call_site is not None:
+            # ``self.train_minibatch(batch)`` from the training loop: the
+            # backward pass inside the helper sees the caller's values (KL
+            # rewards computed in another method), so it is a sink too, placed
+            # at the call.
+            self.context.sinks.append(
+                Sink(
+                    value,
+                    f"{description} in {self.call_site.helper}",
+                    strong,
+                    self.call_site.cst_node,  # type: ignore[arg-type]
+                    self.function_name,
+                    self.function_node,
+                    backward,
+                    inlined_call=self.call_site.cst_node,  # type: ignore[arg-type]
                 )
             )
 
@@ -1371,14 +1391,26 @@ class Interpreter:
                 "softplus",
                 "binary_cross_entropy_with_logits",
                 "cat",
-                "min",
-                "max",
-                "maximum",
-                "minimum",
             ):
                 return ir.Opaque(f"torch.{name}")
             arg_values = [self.eval(a.value) for a in args]
             kw_values = {k: self.eval(v) for k, v in kwargs.items()}
+            if (
+                name in ("max", "min", "maximum", "minimum")
+                and len(arg_values) == 2
+                and not kw_values
+            ):
+                second = arg_values[1]
+                if isinstance(second, (ir.Node, Choice)) and not (
+                    isinstance(second, ir.Const)
+                    and float(second.value).is_integer()
+                    and name in ("max", "min")
+                ):
+                    op = "max" if name in ("max", "maximum") else "min"
+                    return self.binary(op, arg_values[0], second, call)
+                return ir.Opaque(f"torch.{name}")
+            if name in ("max", "min", "maximum", "minimum"):
+                return ir.Opaque(f"torch.{name}")  # a reduction with indices, or unknown
             if name == "where" and len(arg_values) == 3:
                 # torch.where(mask.bool(), values, 0.0): masking, values * mask.
                 # Any other condition (a clip, a comparison) stays opaque.

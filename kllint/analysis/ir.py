@@ -126,7 +126,9 @@ class Unary(Node):
         return (self.arg,)
 
 
-BINARY_OPS = ("add", "sub", "mul", "div", "pow")
+# max/min are elementwise (PPO's clipped objective): the gradient is the one
+# of the larger (smaller) operand.
+BINARY_OPS = ("add", "sub", "mul", "div", "pow", "max", "min")
 
 
 @dataclass(frozen=True, eq=False)
@@ -203,6 +205,8 @@ def binary(op: str, left: Node, right: Node, origin: Origin | None = None) -> No
                 "mul": a * b,
                 "div": a / b,
                 "pow": a**b,
+                "max": max(a, b),
+                "min": min(a, b),
             }[op]
         except (ZeroDivisionError, OverflowError, ValueError):
             return Binary(op, left, right, origin=origin)
@@ -269,6 +273,8 @@ def render(x: Node) -> str:
             return f"sg({render(x.arg)})"
         return f"{x.op}({render(x.arg)})"
     if isinstance(x, Binary):
+        if x.op in ("max", "min"):
+            return f"{x.op}({render(x.left)}, {render(x.right)})"
         sym = {"add": "+", "sub": "-", "mul": "*", "div": "/", "pow": "**"}[x.op]
         return f"{_paren(x.left)} {sym} {_paren(x.right)}"
     if isinstance(x, Clamp):

@@ -263,6 +263,18 @@ def focus_of(term: ir.Node) -> ir.Node:
             node = node.left
         elif isinstance(node, ir.Binary) and node.op == "mul" and not _has_reference(node.left):
             node = node.right
+        elif isinstance(node, ir.Binary) and node.op in ("max", "min"):
+            # PPO's clipped objective: the unclipped operand carries the weight.
+            node = node.left if _has_reference(node.left) else node.right
+        elif (
+            isinstance(node, ir.Binary)
+            and node.op in ("add", "sub")
+            and _has_reference(node.left) != _has_reference(node.right)
+            and _is_separate_loss(node.right if _has_reference(node.left) else node.left)
+        ):
+            # A KL reward added to the task score, a value baseline subtracted
+            # (not the policy side of ``logp - ref``, which is the estimate).
+            node = node.left if _has_reference(node.left) else node.right
         else:
             return node
 

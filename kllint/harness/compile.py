@@ -72,6 +72,8 @@ _BINARY: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
     "mul": torch.mul,
     "div": torch.div,
     "pow": torch.pow,
+    "max": torch.maximum,
+    "min": torch.minimum,
 }
 
 _REDUCTIONS = ("sum", "mean")
