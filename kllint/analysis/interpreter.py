@@ -89,6 +89,7 @@ class Unknown:
     module: str | None = None  # an imported module or name it refers to
     numpy: bool = False  # a NumPy (or other non-autograd) array
     distribution: bool = False  # log_softmax over the vocabulary, not gathered
+    class_name: str | None = None  # a class of this module (an Enum, a constants class)
 
 
 @dataclass
@@ -97,6 +98,9 @@ class FuncRef:
     module: ModuleInfo
     cls: ClassInfo | None = None
     bound: bool = False  # called as self.method(...)
+    # ``functools.partial(f, *args, **kwargs)``: arguments given in advance.
+    preset_args: tuple[Value, ...] = ()
+    preset_kwargs: dict[str, Value] = field(default_factory=dict)
 
 
 Value = ir.Node | Py | Choice | Seq | DictVal | Flipped | Unknown | FuncRef
@@ -204,6 +208,20 @@ _MUTATING = frozenset(
         "update",
     }
 )
+_IN_PLACE = {
+    "mul_": "mul",
+    "add_": "add",
+    "sub_": "sub",
+    "div_": "div",
+    "clamp_": "clamp",
+    "clip_": "clamp",
+    "masked_fill_": "masked_fill",
+    "neg_": "neg",
+    "exp_": "exp",
+    "log_": "log",
+    "pow_": "pow",
+    "detach_": "detach",
+}
 _DETACHING = frozenset({"detach", "item", "tolist", "numpy", "detach_"})
 _LOGPROB_OPS = frozenset({"log_softmax", "gather_log_probs", "logsumexp"})
 _AGGREGATORS = frozenset(
@@ -410,23 +428,49 @@ class Interpreter:
         if not carried:
             return
         scans: dict[int, ir.Node] = {}
-        for name, placeholder in carried.items():
-            step = self.env.get(name)
+        reverse = direction == "reverse"
+
+        def scanned(step: Value, placeholder: ir.Node) -> Value | None:
+            """The scan of a recurrence, per alternative when a branch in the
+            body (``next_value = values[:, t + 1] if ... else 0``) split it."""
+            if isinstance(step, Choice):
+                options = [(label, scanned(v, placeholder)) for label, v in step.options]
+                if all(v is None for _, v in options):
+                    return None
+                return _choice(
+                    [
+                        (label, v if v is not None else original)
+                        for (label, v), (_, original) in zip(options, step.options)
+                    ]
+                )
             if isinstance(step, ir.Node) and ir.contains(step, placeholder):
                 added = ir.substitute(step, {id(placeholder): ir.Const(0.0)})
-                scan = ir.CumSum(added, reverse=direction == "reverse", origin=step.origin)
-                scans[id(placeholder)] = scan
+                scan = ir.CumSum(added, reverse=reverse, origin=step.origin)
+                scans.setdefault(id(placeholder), scan)
                 scans[id(step)] = scan  # what was appended each step is the scan itself
-                self.env[name] = scan
+                return scan
+            return None
+
+        def substituted(value: Value) -> Value:
+            if isinstance(value, ir.Node):
+                return ir.substitute(value, scans)
+            if isinstance(value, Choice):
+                return Choice([(label, substituted(v)) for label, v in value.options])
+            return value
+
+        for name, placeholder in carried.items():
+            step = self.env.get(name)
+            result = scanned(step, placeholder) if step is not None else None
+            if result is not None:
+                self.env[name] = result
             elif step is before[name]:
                 self.env[name] = ir.Opaque(f"{name} after the loop")
-        for name, value in list(self.env.items()):
-            if isinstance(value, Seq) and value.appended:
-                value.items = [
-                    ir.substitute(i, scans) if isinstance(i, ir.Node) else i for i in value.items
-                ]
-            elif isinstance(value, ir.Node) and scans:
-                self.env[name] = ir.substitute(value, scans)
+        if scans:
+            for name, value in list(self.env.items()):
+                if isinstance(value, Seq) and value.appended:
+                    value.items = [substituted(i) for i in value.items]
+                elif isinstance(value, (ir.Node, Choice)):
+                    self.env[name] = substituted(value)
 
     def bind_loop_target(
         self,
@@ -838,6 +882,14 @@ class Interpreter:
             if keep_unknown:
                 return unknown
             weight = roles.weight_role(unknown.names[-1] if unknown.names else unknown.text)
+            if (
+                weight is Role.ADVANTAGE
+                and unknown.call
+                and not (unknown.stored or unknown.detached or self.no_grad)
+            ):
+                # ``values = self.value_head(hidden)``: a prediction with its own
+                # gradient (a critic), not a detached weight.
+                return ir.Opaque(unknown.text)
             if weight is not None:
                 return ir.Atom(weight, unknown.text)
             return ir.Opaque(unknown.text)
@@ -979,6 +1031,8 @@ class Interpreter:
             return Py({"True": True, "False": False, "None": None}[name])
         if name in self.module.functions:
             return FuncRef(self.module.functions[name], self.module)
+        if name in self.module.classes:
+            return Unknown(name, (name,), module=None, class_name=name)
         if name in self.module.imports:
             imported = self.module.imports[name]
             # Leading dots keep a relative import relative: ``from ..core import f``
@@ -990,6 +1044,10 @@ class Interpreter:
             constant = self.module.constants[name]
             if isinstance(constant, (cst.Dict, cst.Lambda)):
                 return self.eval(constant)  # a dispatch table: {"k3": low_var_kl, ...}
+            if isinstance(constant, cst.Call) and (dotted_name(constant.func) or "").endswith(
+                "partial"
+            ):
+                return self.eval(constant)  # mse_kl = functools.partial(kl_penalty, kind="mse")
             if isinstance(constant, (cst.SimpleString, cst.Integer, cst.Float, cst.Name)):
                 return (
                     self.eval(constant)
@@ -1010,6 +1068,12 @@ class Interpreter:
                 # Sizes are positive constants: a normaliser, not a gradient path.
                 return ir.Atom(Role.COEFFICIENT, _code(expr))
             return Unknown(_code(expr), (attr,))
+        if isinstance(base, Unknown) and base.class_name is not None:
+            member = _class_constant(self.module, base.class_name, attr)
+            if member is not None:
+                return member  # ``KLEstimator.K3``: an Enum member stands for its value
+        if isinstance(base, Py) and attr in ("value", "name"):
+            return base if attr == "value" else Py(None)
         if isinstance(base, Unknown) and attr == "shape" and base.module is None:
             return ir.Atom(Role.COEFFICIENT, _code(expr))
         if isinstance(base, Unknown):
@@ -1283,6 +1347,21 @@ class Interpreter:
                 )
                 return Py(None)
             if (
+                method in _IN_PLACE
+                and isinstance(func.value, cst.Name)
+                and isinstance(self.env.get(func.value.value), (ir.Node, Choice))
+            ):
+                # ``kl.mul_(mask)``: the tensor becomes what the operation gives.
+                name = func.value.value
+                self.env[name] = self.tensor_op(
+                    _IN_PLACE[method],
+                    self.env[name],
+                    [self.eval(a.value) for a in args],
+                    {k: self.eval(v) for k, v in kwargs.items()},
+                    call,
+                )
+                return Py(None)
+            if (
                 method in _MUTATING
                 and isinstance(func.value, cst.Name)
                 and func.value.value in self.env
@@ -1342,6 +1421,8 @@ class Interpreter:
                             receiver.logprob_op,
                             True,
                         )
+                    if method == "gather":
+                        return replace(receiver, distribution=False)
                     if method in _TENSOR_IDENTITY:
                         return receiver
                 return self.unknown_call(call, method, receiver, args)
@@ -1373,6 +1454,19 @@ class Interpreter:
     ) -> Value:
         level = len(module) - len(module.lstrip("."))
         module = module.lstrip(".")
+        if module == "functools" and name == "partial" and args:
+            function = self.eval(args[0].value)
+            if isinstance(function, Unknown) and function.module is not None:
+                function = self.project_function(function.module) or function
+            if isinstance(function, FuncRef):
+                return replace(
+                    function,
+                    preset_args=(*function.preset_args, *(self.eval(a.value) for a in args[1:])),
+                    preset_kwargs={
+                        **function.preset_kwargs,
+                        **{k: self.eval(v) for k, v in kwargs.items()},
+                    },
+                )
         root = module.split(".")[0] if not level else ""
         if root in ("torch", "numpy", "np", "math", "jax", "scipy") or (
             not level and module.startswith("torch")
@@ -1501,6 +1595,25 @@ class Interpreter:
                     return self.inline(FuncRef(resolved.functions[target.name], resolved), call)
         return self.named_call(name, call, args, kwargs, None)
 
+    def project_function(self, dotted: str) -> FuncRef | None:
+        """``pkg.losses.kl_penalty`` (dots first for a relative import) as a
+        function of the project, following one re-export."""
+        level = len(dotted) - len(dotted.lstrip("."))
+        module_name, _, name = dotted.lstrip(".").rpartition(".")
+        imported = self.context.project.resolve_module(module_name, self.module.path, level)
+        if imported is None:
+            return None
+        if name in imported.functions:
+            return FuncRef(imported.functions[name], imported)
+        target = imported.imports.get(name)
+        if target is not None and target.name is not None:
+            resolved = self.context.project.resolve_module(
+                target.module, imported.path, target.level
+            )
+            if resolved is not None and target.name in resolved.functions:
+                return FuncRef(resolved.functions[target.name], resolved)
+        return None
+
     def named_call(
         self,
         name: str,
@@ -1560,6 +1673,14 @@ class Interpreter:
     def unknown_call(
         self, call: cst.Call, method: str, receiver: Unknown, args: list[cst.Arg]
     ) -> Value:
+        if method in ("parse_args", "parse_known_args"):
+            # An argparse namespace: its attributes take the parser's defaults.
+            args_value = Unknown("args", ("args",))
+            return (
+                Seq([args_value, Unknown("extra", ("extra",))])
+                if method == "parse_known_args"
+                else args_value
+            )
         if method in ("size", "numel", "dim") and receiver.module is None:
             return ir.Atom(Role.COEFFICIENT, _code(call))
         if method == "log_prob":
@@ -1605,6 +1726,11 @@ class Interpreter:
         elif ref.cls is not None and positional and positional[0].name.value in ("self", "cls"):
             positional = positional[1:]
         index = 0
+        for preset in ref.preset_args:
+            if index < len(positional):
+                bound[positional[index].name.value] = preset
+                index += 1
+        bound.update(ref.preset_kwargs)
         for arg in call.args:
             if arg.star:
                 return Unknown(_code(call), (ref.node.name.value,), call=True)
@@ -2066,6 +2192,27 @@ def _lambda_as_function(node: cst.Lambda) -> cst.FunctionDef:
     )
     _LAMBDAS[id(node)] = (node, function)
     return function
+
+
+def _class_constant(module: ModuleInfo, class_name: str, attr: str) -> Py | None:
+    info = module.classes.get(class_name)
+    if info is None:
+        return None
+    for statement in info.node.body.body:
+        if not isinstance(statement, cst.SimpleStatementLine):
+            continue
+        for small in statement.body:
+            target = None
+            if isinstance(small, cst.Assign) and len(small.targets) == 1:
+                target, value = small.targets[0].target, small.value
+            elif isinstance(small, cst.AnnAssign) and small.value is not None:
+                target, value = small.target, small.value
+            if isinstance(target, cst.Name) and target.value == attr:
+                if isinstance(value, cst.SimpleString) and isinstance(value.evaluated_value, str):
+                    return Py(value.evaluated_value)
+                if isinstance(value, cst.Integer):
+                    return Py(int(value.value, 0))
+    return None
 
 
 def _annotation_of(fn: cst.FunctionDef, name: str) -> cst.BaseExpression | None:

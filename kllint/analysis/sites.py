@@ -225,6 +225,15 @@ def _split(node: ir.Node) -> list[ir.Node]:
         return [regrouped, *separate]
     if isinstance(node, ir.Unary) and node.op in ("neg", "detach"):
         return [ir.Unary(node.op, t, origin=origin) for t in _split(node.arg)]
+    if (
+        isinstance(node, ir.Binary)
+        and node.op in ("max", "min")
+        and _has_reference(node.left)
+        and _has_reference(node.right)
+    ):
+        # PPO's clipped objective max(-A * ratio, -A * clip(ratio)): on fresh
+        # samples (ratio = 1) both sides agree and the gradient is the first's.
+        return _split(node.left)
     if isinstance(node, ir.Reduce):
         return [
             ir.Reduce(node.kind, node.axis, t, node.mask, origin=origin) for t in _split(node.arg)
