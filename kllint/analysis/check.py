@@ -18,14 +18,13 @@ from kllint.analysis.interpreter import (
     Interpreter,
     Sink,
     called_names,
-    common_condition,
     iter_functions,
-    show_condition,
 )
 from kllint.analysis.ir import clear_caches
 from kllint.analysis.project import Project
 from kllint.analysis.roles import REFERENCE_WORDS, RolePatterns, words
 from kllint.analysis.sites import KLSite, build_site, focus_of, kl_terms
+from kllint.analysis.values import common_condition, show_condition
 from kllint.findings import Finding
 from kllint.rules import all_rules
 

@@ -28,82 +28,40 @@ import libcst as cst
 
 from kllint.analysis import ir, roles
 from kllint.analysis.ir import Axis, Role
+from kllint.analysis.lowering import (
+    AGGREGATORS,
+    BINARY_METHODS,
+    DETACHING,
+    IN_PLACE,
+    LOGPROB_OPS,
+    MUTATING,
+    TENSOR_IDENTITY,
+    UNARY,
+    has_distribution,
+    is_mask,
+    to_token_level,
+    vocabulary_expectation,
+)
 from kllint.analysis.module import ClassInfo, ModuleInfo, dotted_name
 from kllint.analysis.project import Project
-
-MAX_OPTIONS = 16
-MAX_DEPTH = 4
-
-# --------------------------------------------------------------------- values
-
-
-@dataclass(frozen=True)
-class Py:
-    """A Python literal: a selector string, a bool flag, an int index, None."""
-
-    value: object
-    source: str | None = None  # where a config default came from
-
-
-@dataclass
-class Choice:
-    """Alternatives the analysis cannot decide between, each with the
-    condition under which it is taken."""
-
-    options: list[tuple[str, Value]]
-
-
-@dataclass
-class Seq:
-    items: list[Value]
-    appended: bool = False  # a list built by ``.append``: one item per row or step
-
-
-@dataclass
-class DictVal:
-    items: dict[str, Value]
-
-
-@dataclass
-class Flipped:
-    """``torch.flip`` along time of a node: kept apart so that
-    ``flip(cumsum(flip(x)))`` becomes the reverse cumulative sum."""
-
-    node: ir.Node
-
-
-@dataclass
-class Unknown:
-    """A value the interpreter cannot compute, with the evidence needed to
-    decide later what it is: the names along its attribute/subscript/call
-    chain, whether it was read from stored rollout data, whether a reference
-    model produced it."""
-
-    text: str
-    names: tuple[str, ...]
-    call: bool = False  # the result of calling something
-    stored: bool = False  # read from a rollout container
-    reference_model: bool = False  # computed by a model named ref/base/initial
-    logprob_op: bool = False  # produced by log_softmax/gather/log_prob & co.
-    detached: bool = False
-    module: str | None = None  # an imported module or name it refers to
-    numpy: bool = False  # a NumPy (or other non-autograd) array
-    distribution: bool = False  # log_softmax over the vocabulary, not gathered
-    class_name: str | None = None  # a class of this module (an Enum, a constants class)
-
-
-@dataclass
-class FuncRef:
-    node: cst.FunctionDef
-    module: ModuleInfo
-    cls: ClassInfo | None = None
-    bound: bool = False  # called as self.method(...)
-    # ``functools.partial(f, *args, **kwargs)``: arguments given in advance.
-    preset_args: tuple[Value, ...] = ()
-    preset_kwargs: dict[str, Value] = field(default_factory=dict)
-
-
-Value = ir.Node | Py | Choice | Seq | DictVal | Flipped | Unknown | FuncRef
+from kllint.analysis.values import (
+    AND,
+    HIDDEN,
+    MAX_OPTIONS,
+    Choice,
+    DictVal,
+    Flipped,
+    FuncRef,
+    Py,
+    Seq,
+    Unknown,
+    Value,
+    choice,
+    join_conditions,
+    merge_envs,
+    negate_condition,
+    same_value,
+)
 
 
 @dataclass
@@ -122,120 +80,10 @@ class Sink:
     inlined_call: cst.CSTNode | None = None
 
 
+MAX_DEPTH = 4  # helpers inlined inside helpers, at most
+
 # --------------------------------------------------------------------- context
 
-_TENSOR_IDENTITY = frozenset(
-    {
-        "float",
-        "double",
-        "half",
-        "bfloat16",
-        "to",
-        "contiguous",
-        "view",
-        "reshape",
-        "squeeze",
-        "unsqueeze",
-        "flatten",
-        "clone",
-        "type",
-        "type_as",
-        "view_as",
-        "expand",
-        "expand_as",
-        "cuda",
-        "cpu",
-        "requires_grad_",
-        "nan_to_num",
-        "masked_fill",
-        "bool",
-        "long",
-        "int",
-        "gather",
-        "index_select",
-        "narrow",
-        "select",
-        "roll",
-        "t",
-        "transpose",
-        "permute",
-        "squeeze_",
-        "unsqueeze_",
-        "float_",
-        "as_strided",
-        "repeat",
-        "repeat_interleave",
-        "tile",
-    }
-)
-_UNARY = {
-    "exp": "exp",
-    "log": "log",
-    "expm1": "expm1",
-    "log1p": "log1p",
-    "square": "square",
-    "abs": "abs",
-    "sqrt": "sqrt",
-    "neg": "neg",
-    "negative": "neg",
-    "absolute": "abs",
-}
-_BINARY_METHODS = {
-    "mul": "mul",
-    "multiply": "mul",
-    "add": "add",
-    "sub": "sub",
-    "subtract": "sub",
-    "div": "div",
-    "divide": "div",
-    "true_divide": "div",
-    "pow": "pow",
-}
-_MUTATING = frozenset(
-    {
-        "append",
-        "extend",
-        "insert",
-        "add_",
-        "mul_",
-        "sub_",
-        "div_",
-        "copy_",
-        "fill_",
-        "masked_fill_",
-        "clamp_",
-        "zero_",
-        "update",
-    }
-)
-_IN_PLACE = {
-    "mul_": "mul",
-    "add_": "add",
-    "sub_": "sub",
-    "div_": "div",
-    "clamp_": "clamp",
-    "clip_": "clamp",
-    "masked_fill_": "masked_fill",
-    "neg_": "neg",
-    "exp_": "exp",
-    "log_": "log",
-    "pow_": "pow",
-    "detach_": "detach",
-}
-_DETACHING = frozenset({"detach", "item", "tolist", "numpy", "detach_"})
-_LOGPROB_OPS = frozenset({"log_softmax", "gather_log_probs", "logsumexp"})
-_AGGREGATORS = frozenset(
-    {
-        "masked_mean",
-        "masked_sum",
-        "agg_loss",
-        "aggregate_loss",
-        "masked_avg",
-        "mean_with_mask",
-        "sum_with_mask",
-        "masked_average",
-    }
-)
 _NO_GRAD = frozenset({"no_grad", "inference_mode"})
 _LOSS_FUNCTIONS = frozenset(
     {
@@ -334,7 +182,7 @@ class Interpreter:
         self.exec_block(fn.body.body if isinstance(fn.body, cst.IndentedBlock) else [fn.body])
         if not self.returns:
             return None
-        return _choice(self.returns)
+        return choice(self.returns)
 
     def param_value(self, name: str) -> Value:
         unknown = Unknown(name, (name,))
@@ -437,7 +285,7 @@ class Interpreter:
                 options = [(label, scanned(v, placeholder)) for label, v in step.options]
                 if all(v is None for _, v in options):
                     return None
-                return _choice(
+                return choice(
                     [
                         (label, v if v is not None else original)
                         for (label, v), (_, original) in zip(options, step.options)
@@ -540,7 +388,7 @@ class Interpreter:
         self.path = [*saved_path, condition]
         then_done = then_run()
         then_env = self.env
-        self.env, self.path = dict(saved_env), [*saved_path, _negate(condition)]
+        self.env, self.path = dict(saved_env), [*saved_path, negate_condition(condition)]
         else_done = else_run()
         else_env = self.env
         self.path = saved_path
@@ -551,7 +399,7 @@ class Interpreter:
         elif else_done:
             self.env = then_env
         else:
-            self.env = _merge(then_env, else_env, condition)
+            self.env = merge_envs(then_env, else_env, condition)
         return False
 
     def exec_match(self, statement: cst.Match) -> bool:
@@ -572,7 +420,7 @@ class Interpreter:
             selects = self.selects_estimator(statement.subject, case.pattern, text)
             return self.exec_branch(
                 truth,
-                lambda: text if selects else _HIDDEN + text,
+                lambda: text if selects else HIDDEN + text,
                 lambda: self.exec_block(case.body.body),
                 lambda: run(index + 1),
             )
@@ -601,7 +449,7 @@ class Interpreter:
         ``estimator``, any string test inside a helper) with a string. A
         ``loss_type == "cispo"`` in the trainer around it is not shown."""
         text = _full_code(test)
-        return text if self.selects_estimator(test, test, text) else _HIDDEN + text
+        return text if self.selects_estimator(test, test, text) else HIDDEN + text
 
     def selects_estimator(self, subject: cst.CSTNode, compared: cst.CSTNode, text: str) -> bool:
         lowered = text.lower()
@@ -651,7 +499,7 @@ class Interpreter:
             value = self.eval(small.value) if small.value is not None else Py(None)
             if self.no_grad and isinstance(value, (ir.Node, Choice, Flipped)):
                 value = self.lift1(value, ir.detach, small)
-            self.returns.append((_AND.join(self.path), value))
+            self.returns.append((AND.join(self.path), value))
             if self.loss_function and self.depth == 0:
                 self.loss_sink_from_return(small, value)
             return True
@@ -827,7 +675,7 @@ class Interpreter:
                 for a in n.atoms()
                 if a.role in (Role.POLICY_LOGP, Role.OLD_LOGP, Role.REFERENCE_LOGP)
             }
-            if len(atoms) >= 2 or n.has_role(Role.REFERENCE_LOGP) or _has_distribution(n):
+            if len(atoms) >= 2 or n.has_role(Role.REFERENCE_LOGP) or has_distribution(n):
                 return value  # a log-ratio (``logprobs_diff = new - old``), not a log-prob
         logprob_nodes = [
             n
@@ -963,8 +811,8 @@ class Interpreter:
             if truth is False:
                 return self.eval(expr.orelse)
             label = self.condition_label(expr.test)
-            return _choice(
-                [(label, self.eval(expr.body)), (_negate(label), self.eval(expr.orelse))]
+            return choice(
+                [(label, self.eval(expr.body)), (negate_condition(label), self.eval(expr.orelse))]
             )
         if isinstance(expr, (cst.Tuple, cst.List)):
             if isinstance(expr, cst.List) and not expr.elements:
@@ -1185,7 +1033,7 @@ class Interpreter:
         ):
             # A dispatch table indexed by a selector kllint cannot resolve.
             label = _full_code(expr.slice[0].slice)
-            return _choice([(f"{label} == {key!r}", item) for key, item in base.items.items()])
+            return choice([(f"{label} == {key!r}", item) for key, item in base.items.items()])
         if isinstance(base, Seq):
             if isinstance(key_value, ir.Const) and float(key_value.value).is_integer():
                 index = int(key_value.value)
@@ -1203,7 +1051,7 @@ class Interpreter:
                 return base  # ``steps[::-1]``: the same rows, reordered
             if key_value is not None:
                 label = _full_code(expr.slice[0].slice)
-                return _choice([(f"{label} == {i}", item) for i, item in enumerate(base.items)])
+                return choice([(f"{label} == {i}", item) for i, item in enumerate(base.items)])
             return Unknown(_code(expr), ("slice",))
         if isinstance(base, Unknown):
             key = (
@@ -1274,7 +1122,7 @@ class Interpreter:
 
     def lift1(self, value: Value, fn: Callable[[ir.Node], ir.Node], node: cst.CSTNode) -> Value:
         if isinstance(value, Choice):
-            return _choice([(label, self.lift1(v, fn, node)) for label, v in value.options])
+            return choice([(label, self.lift1(v, fn, node)) for label, v in value.options])
         if isinstance(value, Flipped):
             return Flipped(fn(value.node))  # elementwise ops commute with a flip
         return fn(self.as_node(value, node))
@@ -1294,9 +1142,9 @@ class Interpreter:
             combos = [
                 (label, a, b)
                 for (la, a), (lb, b) in itertools.product(lefts, rights)
-                if (label := _join(la, lb)) is not None
+                if (label := join_conditions(la, lb)) is not None
             ][:MAX_OPTIONS]
-            return _choice([(label, self.lift2(a, b, fn, node)) for label, a, b in combos])
+            return choice([(label, self.lift2(a, b, fn, node)) for label, a, b in combos])
         if isinstance(left, Flipped) and isinstance(right, Flipped):
             return Flipped(fn(left.node, right.node))
         if isinstance(left, Flipped) or isinstance(right, Flipped):
@@ -1347,14 +1195,14 @@ class Interpreter:
                 )
                 return Py(None)
             if (
-                method in _IN_PLACE
+                method in IN_PLACE
                 and isinstance(func.value, cst.Name)
                 and isinstance(self.env.get(func.value.value), (ir.Node, Choice))
             ):
                 # ``kl.mul_(mask)``: the tensor becomes what the operation gives.
                 name = func.value.value
                 self.env[name] = self.tensor_op(
-                    _IN_PLACE[method],
+                    IN_PLACE[method],
                     self.env[name],
                     [self.eval(a.value) for a in args],
                     {k: self.eval(v) for k, v in kwargs.items()},
@@ -1362,7 +1210,7 @@ class Interpreter:
                 )
                 return Py(None)
             if (
-                method in _MUTATING
+                method in MUTATING
                 and isinstance(func.value, cst.Name)
                 and func.value.value in self.env
             ):
@@ -1397,9 +1245,9 @@ class Interpreter:
                     return self.inline(found, call)
             if isinstance(receiver, Unknown):
                 if (
-                    method in _TENSOR_IDENTITY
-                    or method in _UNARY
-                    or method in _DETACHING
+                    method in TENSOR_IDENTITY
+                    or method in UNARY
+                    or method in DETACHING
                     or method in ("sum", "mean", "clamp", "exp")
                 ):
                     node = self.resolve(receiver)
@@ -1411,7 +1259,7 @@ class Interpreter:
                             {k: self.eval(v) for k, v in kwargs.items()},
                             call,
                         )
-                    if method in _DETACHING:
+                    if method in DETACHING:
                         return Unknown(
                             _code(call),
                             receiver.names,
@@ -1423,7 +1271,7 @@ class Interpreter:
                         )
                     if method == "gather":
                         return replace(receiver, distribution=False)
-                    if method in _TENSOR_IDENTITY:
+                    if method in TENSOR_IDENTITY:
                         return receiver
                 return self.unknown_call(call, method, receiver, args)
             return Unknown(_code(call), (method,), call=True)
@@ -1509,7 +1357,7 @@ class Interpreter:
                 # torch.where(mask.bool(), values, 0.0): masking, values * mask.
                 # Any other condition (a clip, a comparison) stays opaque.
                 condition, chosen, other = arg_values
-                if isinstance(condition, ir.Node) and _is_mask(condition):
+                if isinstance(condition, ir.Node) and is_mask(condition):
                     origin = self.origin(call)
                     return self.lift2(
                         chosen,
@@ -1556,7 +1404,7 @@ class Interpreter:
             ):
                 # Rows or steps collected in a loop, put back together.
                 rows = arg_values[0].items
-                if rows and all(_same(row, rows[0]) or row is rows[0] for row in rows):
+                if rows and all(same_value(row, rows[0]) or row is rows[0] for row in rows):
                     return rows[0]
                 return Unknown(_code(call), ("stack",), call=True)
             if name == "stack" and arg_values and isinstance(arg_values[0], Seq):
@@ -1574,7 +1422,7 @@ class Interpreter:
                 and isinstance(arg_values[0], ir.Const)
             ):
                 return arg_values[0]
-            if name in _LOGPROB_OPS or name == "log_softmax":
+            if name in LOGPROB_OPS or name == "log_softmax":
                 return self.logprob_call(call, name, args)
             if arg_values:
                 return self.tensor_op(name, arg_values[0], arg_values[1:], kw_values, call)
@@ -1622,7 +1470,7 @@ class Interpreter:
         kwargs: dict[str, cst.BaseExpression],
         callee: Unknown | None,
     ) -> Value:
-        if name in _AGGREGATORS and args:
+        if name in AGGREGATORS and args:
             values = [self.eval(a.value) for a in args]
             kw = {k: self.eval(v) for k, v in kwargs.items()}
             mask = values[1] if len(values) > 1 else kw.get("mask", kw.get("loss_mask"))
@@ -1634,7 +1482,7 @@ class Interpreter:
             return self.lift1(
                 values[0], lambda n: ir.Reduce(kind, axis, n, mask_node, origin=origin), call
             )
-        if roles.is_logprob_name(name) or name in _LOGPROB_OPS or "log_softmax" in name:
+        if roles.is_logprob_name(name) or name in LOGPROB_OPS or "log_softmax" in name:
             return self.logprob_call(call, name, args)
         credited = self.advantage_estimator(name, call)
         if credited is not None:
@@ -1692,7 +1540,7 @@ class Interpreter:
                 logprob_op=True,
                 stored=False,
             )
-        if method in _AGGREGATORS:
+        if method in AGGREGATORS:
             return self.named_call(
                 method,
                 call,
@@ -1700,7 +1548,7 @@ class Interpreter:
                 {a.keyword.value: a.value for a in call.args if a.keyword is not None},
                 None,
             )
-        if roles.is_logprob_name(method) or method in _LOGPROB_OPS:
+        if roles.is_logprob_name(method) or method in LOGPROB_OPS:
             return self.logprob_call(call, method, args)
         credited = self.advantage_estimator(method, call)
         if credited is not None:
@@ -1785,7 +1633,7 @@ class Interpreter:
         """``log_probs.gather(-1, ids)``: the log-prob of the sampled token."""
         if isinstance(value, Unknown):
             return replace(value, distribution=False)
-        return self.lift1(value, _to_token_level, call)
+        return self.lift1(value, to_token_level, call)
 
     def tensor_op(
         self,
@@ -1798,20 +1646,20 @@ class Interpreter:
         origin = self.origin(call)
         if name == "gather":
             return self.gathered(receiver, call)
-        if name in _TENSOR_IDENTITY:
+        if name in TENSOR_IDENTITY:
             return receiver
-        if name in _DETACHING:
+        if name in DETACHING:
             return self.lift1(receiver, lambda n: ir.detach(n, origin), call)
-        if name in _UNARY:
-            op = _UNARY[name]
+        if name in UNARY:
+            op = UNARY[name]
             return self.lift1(
                 receiver,
                 lambda n: ir.neg(n, origin) if op == "neg" else ir.Unary(op, n, origin=origin),
                 call,
             )
-        if name in _BINARY_METHODS:
+        if name in BINARY_METHODS:
             other = args[0] if args else kwargs.get("other", kwargs.get("exponent", Py(None)))
-            return self.binary(_BINARY_METHODS[name], receiver, other, call)
+            return self.binary(BINARY_METHODS[name], receiver, other, call)
         if name in ("clamp", "clip", "clamp_min", "clamp_max", "clip_"):
             low = kwargs.get("min", args[0] if args else None)
             high = kwargs.get("max", args[1] if len(args) > 1 else None)
@@ -1823,10 +1671,8 @@ class Interpreter:
             dim = kwargs.get("dim", kwargs.get("axis", args[0] if args else None))
             kind = "sum" if "sum" in name else "mean"
             axis = _axis(dim)
-            if axis is Axis.TIME and _has_distribution(receiver):
-                return self.lift1(
-                    receiver, lambda n: _vocabulary_expectation(kind, n, origin), call
-                )
+            if axis is Axis.TIME and has_distribution(receiver):
+                return self.lift1(receiver, lambda n: vocabulary_expectation(kind, n, origin), call)
             if isinstance(receiver, Flipped):
                 receiver = receiver.node if axis is not Axis.BATCH else receiver
             return self.lift1(receiver, lambda n: ir.Reduce(kind, axis, n, origin=origin), call)
@@ -1941,200 +1787,10 @@ def _float(value: Value | None) -> float | None:
     return None
 
 
-def _choice(options: list[tuple[str, Value]]) -> Value:
-    flat: list[tuple[str, Value]] = []
-    for label, value in options:
-        if isinstance(value, Choice):
-            for inner_label, inner in value.options:
-                joined = _join(label, inner_label)
-                if joined is not None:
-                    flat.append((joined, inner))
-        else:
-            flat.append((label, value))
-    # Unrelated branches (an entropy flag, a padding mode) multiply the
-    # alternatives without changing the KL term: keep one of each shape.
-    # The same value on several paths holds under what those paths share.
-    distinct: list[tuple[str, Value]] = []
-    position: dict[object, int] = {}
-    for label, value in flat:
-        key = ir.structure(value) if isinstance(value, ir.Node) else id(value)
-        if key in position:
-            kept_label, kept = distinct[position[key]]
-            shared = set(label.split(_AND))
-            distinct[position[key]] = (
-                _AND.join(c for c in kept_label.split(_AND) if c in shared),
-                kept,
-            )
-        else:
-            position[key] = len(distinct)
-            distinct.append((label, value))
-    flat = distinct[:MAX_OPTIONS]
-    if not flat:
-        return Unknown("empty choice", ("empty",))
-    if len(flat) == 1:
-        return flat[0][1]
-    first = flat[0][1]
-    if all(value is first or _same(value, first) for _, value in flat):
-        return first
-    return Choice(flat)
-
-
-def _same(a: Value, b: Value) -> bool:
-    """Structurally equal tensor expressions (the same atoms and operations)."""
-    if isinstance(a, ir.Node) and isinstance(b, ir.Node):
-        return ir.structure(a) == ir.structure(b)
-    return False
-
-
-_AND = "\x00"  # separates the conjuncts of a branch condition; shown as " and "
-
-
-def _join(a: str, b: str) -> str | None:
-    """The conjunction of two branch conditions, None if they contradict."""
-    conjuncts = [c for c in a.split(_AND) if c]
-    for c in b.split(_AND):
-        if not c or c in conjuncts:
-            continue
-        if _negate(c) in conjuncts:
-            return None
-        conjuncts.append(c)
-    return _AND.join(conjuncts)
-
-
-_HIDDEN = "\x01"  # marks a condition that is not shown (an unrelated flag)
-
-
-def _negate(condition: str) -> str:
-    hidden = condition.startswith(_HIDDEN)
-    text = condition.lstrip(_HIDDEN)
-    negated = text[5:-1] if text.startswith("not (") and text.endswith(")") else f"not ({text})"
-    return _HIDDEN + negated if hidden else negated
-
-
-def show_condition(label: str) -> str:
-    """The visible conjuncts of a branch condition. ``not (kind == "k1") and
-    kind == "k3"`` reads ``kind == "k3"``: a positive test on a selector makes
-    the negative ones on the same selector redundant."""
-    shown = [c for c in label.split(_AND) if c and not c.startswith(_HIDDEN)]
-    positive = {_subject(c) for c in shown if not c.startswith("not (")}
-    return " and ".join(
-        c for c in shown if not (c.startswith("not (") and _subject(c[5:-1]) in positive - {None})
-    )
-
-
-def common_condition(labels: list[str]) -> str:
-    """What every path to a finding has in common, shown."""
-    sets = [set(label.split(_AND)) - {""} for label in labels]
-    shared = set.intersection(*sets) if sets else set()
-    ordered = [c for c in labels[0].split(_AND) if c in shared] if labels else []
-    return show_condition(_AND.join(ordered))
-
-
-def _subject(condition: str) -> str | None:
-    for operator in (" == ", " in ", " is "):
-        if operator in condition:
-            return condition.split(operator, 1)[0].strip()
-    return None
-
-
 def _descendants(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
     yield node
     for child in node.children:
         yield from _descendants(child)
-
-
-def _merge(then_env: dict[str, Value], else_env: dict[str, Value], label: str) -> dict[str, Value]:
-    merged: dict[str, Value] = {}
-    for name in then_env.keys() | else_env.keys():
-        a, b = then_env.get(name), else_env.get(name)
-        if a is None or b is None or a is b:
-            merged[name] = a if a is not None else b  # type: ignore[assignment]
-        elif isinstance(a, DictVal) and isinstance(b, DictVal):
-            merged[name] = a
-        else:
-            merged[name] = _choice([(label, a), (_negate(label), b)])
-    return merged
-
-
-def _is_mask(node: ir.Node) -> bool:
-    atoms = list(node.atoms())
-    return (
-        bool(atoms)
-        and all(a.role is Role.MASK for a in atoms)
-        and not any(isinstance(n, ir.Opaque) for n in node.walk())
-    )
-
-
-def _has_distribution(value: Value) -> bool:
-    nodes = [v for _, v in value.options] if isinstance(value, Choice) else [value]
-    return any(
-        isinstance(n, ir.Node) and any(a.level is ir.Level.DISTRIBUTION for a in n.atoms())
-        for n in nodes
-    )
-
-
-def _to_token_level(node: ir.Node) -> ir.Node:
-    mapping: dict[int, ir.Node] = {
-        id(a): ir.Atom(a.role, a.name, ir.Level.TOKEN, origin=a.origin)
-        for a in node.atoms()
-        if a.level is ir.Level.DISTRIBUTION
-    }
-    return ir.substitute(node, mapping) if mapping else node
-
-
-def _strip(node: ir.Node) -> ir.Node:
-    while isinstance(node, ir.Unary) and node.op == "detach":
-        node = node.arg
-    return node
-
-
-def _vocabulary_expectation(kind: str, node: ir.Node, origin: ir.Origin) -> ir.Node:
-    """``sum_v p_v (log p_v - log q_v)`` at each position: an exact divergence
-    between next-token distributions. It has no per-sample form in the IR, so
-    it is lowered to the per-token surrogate with the same expected gradient
-    on the sampled token y ~ pi:
-
-    * KL(pi||pi_ref) per position: grad = E_y[logr grad log pi], as the score
-      function ``sg(logr) * logp``;
-    * KL(pi_ref||pi) per position: grad = E_y[(1 - exp(-logr)) grad log pi],
-      as k3 on the sampled token.
-
-    Anything else summed over the vocabulary stays opaque (no claim)."""
-    if kind == "sum" and isinstance(node, ir.Binary) and node.op == "mul":
-        for weight, difference in ((node.left, node.right), (node.right, node.left)):
-            weight = _strip(weight)
-            if not (isinstance(weight, ir.Unary) and weight.op == "exp"):
-                continue
-            if not (isinstance(difference, ir.Binary) and difference.op == "sub"):
-                continue
-            first, second = _strip(difference.left), _strip(difference.right)
-            if ir.structure(_strip(weight.arg)) != ir.structure(first):
-                continue
-            roles_of = ({a.role for a in first.atoms()}, {a.role for a in second.atoms()})
-            policy = _to_token_level(
-                difference.left if Role.POLICY_LOGP in roles_of[0] else difference.right
-            )
-            reference = _to_token_level(
-                difference.right if Role.POLICY_LOGP in roles_of[0] else difference.left
-            )
-            log_ratio = ir.Binary("sub", policy, reference, origin=origin)
-            if roles_of == ({Role.POLICY_LOGP}, {Role.REFERENCE_LOGP}):
-                origin.estimate = "exact KL(pi||pi_ref) over the vocabulary at each position"
-                # The weight carries gradient too, but sum_v grad p_v = 0 makes the
-                # expectation of the score the whole story.
-                return ir.Binary("mul", ir.detach(log_ratio, origin), policy, origin=origin)
-            if roles_of == ({Role.REFERENCE_LOGP}, {Role.POLICY_LOGP}):
-                origin.estimate = "exact KL(pi_ref||pi) over the vocabulary at each position"
-                minus = ir.neg(log_ratio, origin)
-                return ir.Binary(
-                    "sub",
-                    ir.Binary(
-                        "add", ir.Unary("exp", minus, origin=origin), log_ratio, origin=origin
-                    ),
-                    ir.Const(1.0),
-                    origin=origin,
-                )
-    return ir.Opaque("a sum over the vocabulary")
 
 
 def _time_loop_direction(statement: cst.For | cst.While) -> str | None:

@@ -1,0 +1,204 @@
+"""The abstract values of the interpreter, and the branch conditions they
+carry.
+
+A name maps to an IR node (a tensor expression), a Python literal (a
+selector), a ``Choice`` between values when a branch cannot be decided, a
+sequence, a dict, a function, or an ``Unknown`` that becomes an atom once
+evidence says what it is. A ``Choice`` labels each alternative with the
+conjunction of the branch conditions that lead to it; conditions that cannot
+select an estimator (an entropy flag) are kept, to combine correlated
+choices, but hidden from messages.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import libcst as cst
+
+from kllint.analysis import ir
+from kllint.analysis.module import ClassInfo, ModuleInfo
+
+MAX_OPTIONS = 16
+
+# --------------------------------------------------------------------- values
+
+
+@dataclass(frozen=True)
+class Py:
+    """A Python literal: a selector string, a bool flag, an int index, None."""
+
+    value: object
+    source: str | None = None  # where a config default came from
+
+
+@dataclass
+class Choice:
+    """Alternatives the analysis cannot decide between, each with the
+    condition under which it is taken."""
+
+    options: list[tuple[str, Value]]
+
+
+@dataclass
+class Seq:
+    items: list[Value]
+    appended: bool = False  # a list built by ``.append``: one item per row or step
+
+
+@dataclass
+class DictVal:
+    items: dict[str, Value]
+
+
+@dataclass
+class Flipped:
+    """``torch.flip`` along time of a node: kept apart so that
+    ``flip(cumsum(flip(x)))`` becomes the reverse cumulative sum."""
+
+    node: ir.Node
+
+
+@dataclass
+class Unknown:
+    """A value the interpreter cannot compute, with the evidence needed to
+    decide later what it is: the names along its attribute/subscript/call
+    chain, whether it was read from stored rollout data, whether a reference
+    model produced it."""
+
+    text: str
+    names: tuple[str, ...]
+    call: bool = False  # the result of calling something
+    stored: bool = False  # read from a rollout container
+    reference_model: bool = False  # computed by a model named ref/base/initial
+    logprob_op: bool = False  # produced by log_softmax/gather/log_prob & co.
+    detached: bool = False
+    module: str | None = None  # an imported module or name it refers to
+    numpy: bool = False  # a NumPy (or other non-autograd) array
+    distribution: bool = False  # log_softmax over the vocabulary, not gathered
+    class_name: str | None = None  # a class of this module (an Enum, a constants class)
+
+
+@dataclass
+class FuncRef:
+    node: cst.FunctionDef
+    module: ModuleInfo
+    cls: ClassInfo | None = None
+    bound: bool = False  # called as self.method(...)
+    # ``functools.partial(f, *args, **kwargs)``: arguments given in advance.
+    preset_args: tuple[Value, ...] = ()
+    preset_kwargs: dict[str, Value] = field(default_factory=dict)
+
+
+Value = ir.Node | Py | Choice | Seq | DictVal | Flipped | Unknown | FuncRef
+
+
+def choice(options: list[tuple[str, Value]]) -> Value:
+    flat: list[tuple[str, Value]] = []
+    for label, value in options:
+        if isinstance(value, Choice):
+            for inner_label, inner in value.options:
+                joined = join_conditions(label, inner_label)
+                if joined is not None:
+                    flat.append((joined, inner))
+        else:
+            flat.append((label, value))
+    # Unrelated branches (an entropy flag, a padding mode) multiply the
+    # alternatives without changing the KL term: keep one of each shape.
+    # The same value on several paths holds under what those paths share.
+    distinct: list[tuple[str, Value]] = []
+    position: dict[object, int] = {}
+    for label, value in flat:
+        key = ir.structure(value) if isinstance(value, ir.Node) else id(value)
+        if key in position:
+            kept_label, kept = distinct[position[key]]
+            shared = set(label.split(AND))
+            distinct[position[key]] = (
+                AND.join(c for c in kept_label.split(AND) if c in shared),
+                kept,
+            )
+        else:
+            position[key] = len(distinct)
+            distinct.append((label, value))
+    flat = distinct[:MAX_OPTIONS]
+    if not flat:
+        return Unknown("empty choice", ("empty",))
+    if len(flat) == 1:
+        return flat[0][1]
+    first = flat[0][1]
+    if all(value is first or same_value(value, first) for _, value in flat):
+        return first
+    return Choice(flat)
+
+
+def same_value(a: Value, b: Value) -> bool:
+    """Structurally equal tensor expressions (the same atoms and operations)."""
+    if isinstance(a, ir.Node) and isinstance(b, ir.Node):
+        return ir.structure(a) == ir.structure(b)
+    return False
+
+
+AND = "\x00"  # separates the conjuncts of a branch condition; shown as " and "
+
+
+def join_conditions(a: str, b: str) -> str | None:
+    """The conjunction of two branch conditions, None if they contradict."""
+    conjuncts = [c for c in a.split(AND) if c]
+    for c in b.split(AND):
+        if not c or c in conjuncts:
+            continue
+        if negate_condition(c) in conjuncts:
+            return None
+        conjuncts.append(c)
+    return AND.join(conjuncts)
+
+
+HIDDEN = "\x01"  # marks a condition that is not shown (an unrelated flag)
+
+
+def negate_condition(condition: str) -> str:
+    hidden = condition.startswith(HIDDEN)
+    text = condition.lstrip(HIDDEN)
+    negated = text[5:-1] if text.startswith("not (") and text.endswith(")") else f"not ({text})"
+    return HIDDEN + negated if hidden else negated
+
+
+def show_condition(label: str) -> str:
+    """The visible conjuncts of a branch condition. ``not (kind == "k1") and
+    kind == "k3"`` reads ``kind == "k3"``: a positive test on a selector makes
+    the negative ones on the same selector redundant."""
+    shown = [c for c in label.split(AND) if c and not c.startswith(HIDDEN)]
+    positive = {_subject(c) for c in shown if not c.startswith("not (")}
+    return " and ".join(
+        c for c in shown if not (c.startswith("not (") and _subject(c[5:-1]) in positive - {None})
+    )
+
+
+def common_condition(labels: list[str]) -> str:
+    """What every path to a finding has in common, shown."""
+    sets = [set(label.split(AND)) - {""} for label in labels]
+    shared = set.intersection(*sets) if sets else set()
+    ordered = [c for c in labels[0].split(AND) if c in shared] if labels else []
+    return show_condition(AND.join(ordered))
+
+
+def _subject(condition: str) -> str | None:
+    for operator in (" == ", " in ", " is "):
+        if operator in condition:
+            return condition.split(operator, 1)[0].strip()
+    return None
+
+
+def merge_envs(
+    then_env: dict[str, Value], else_env: dict[str, Value], label: str
+) -> dict[str, Value]:
+    merged: dict[str, Value] = {}
+    for name in then_env.keys() | else_env.keys():
+        a, b = then_env.get(name), else_env.get(name)
+        if a is None or b is None or a is b:
+            merged[name] = a if a is not None else b  # type: ignore[assignment]
+        elif isinstance(a, DictVal) and isinstance(b, DictVal):
+            merged[name] = a
+        else:
+            merged[name] = choice([(label, a), (negate_condition(label), b)])
+    return merged
