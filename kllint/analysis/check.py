@@ -117,6 +117,11 @@ def _findings(sinks: list[Sink], path: str) -> list[Finding]:
     branches: dict[tuple[str, int], list[str]] = {}  # every path that gives the finding
     # Strong sinks (backward, a loss function's return) first, so that a
     # finding names the strongest evidence that the term is a loss.
+    # A variable named like a loss is evidence only where nothing stronger
+    # says what the function optimises: next to a backward pass or a loss
+    # function's return, a ``kl_loss`` that is only logged is not a loss.
+    judged = {id(s.function_node) for s in sinks if s.strong}
+    sinks = [s for s in sinks if s.strong or id(s.function_node) not in judged]
     for sink in sorted(sinks, key=lambda s: not s.strong):
         fallback = ir.Origin(path, cst_node=sink.node)
         options = sink.value.options if isinstance(sink.value, Choice) else [("", sink.value)]
@@ -162,11 +167,7 @@ def _findings(sinks: list[Sink], path: str) -> list[Finding]:
             finding.facts["branch"] = shared or None
     # A loss helper of this file (``_compute_losses``) is reported where the
     # estimator is written; its callers need not repeat the same finding.
-    reported_inside = {
-        (f.code, id(f.site.facts["function"]))
-        for f in best.values()
-        if f.site and not f.site.origin.helper
-    }
+    reported_inside = {(f.code, id(f.site.facts["function"])) for f in best.values() if f.site}
     return [
         f
         for f in best.values()

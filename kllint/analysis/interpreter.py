@@ -99,6 +99,35 @@ _LOSS_FUNCTIONS = frozenset(
 )
 
 
+def _names_a_loss_function(name: str) -> bool:
+    """``gspo_loss_seq_k3``, ``loss_with_kl``: a function that computes a loss,
+    not one that logs or scales one (``log_loss_stats``, ``loss_scale``)."""
+    ws = roles.words(name)
+    return ("loss" in ws or "losses" in ws) and not set(ws) & _NOT_A_LOSS_WORDS
+
+
+_NOT_A_LOSS_WORDS = frozenset(
+    {
+        "log",
+        "logging",
+        "stats",
+        "metrics",
+        "info",
+        "scale",
+        "scaler",
+        "mask",
+        "masks",
+        "weight",
+        "weights",
+        "coef",
+        "print",
+        "plot",
+        "record",
+        "track",
+    }
+)
+
+
 def is_loss_name(name: str) -> bool:
     """``loss``, ``kl_loss``, ``policy_loss``, ``losses``; not ``loss_mask``."""
     ws = roles.words(name)
@@ -146,6 +175,7 @@ class Interpreter:
         self.loss_function = False
         self.function_node: cst.FunctionDef | None = None
         self.statement: cst.CSTNode | None = None
+        self.root: cst.FunctionDef | None = None  # the function being analysed (depth 0)
 
     # ----------------------------------------------------------------- origins
 
@@ -162,6 +192,8 @@ class Interpreter:
         self.no_grad = no_grad or _decorated_no_grad(fn)
         self.function_name = fn.name.value
         self.function_node = fn
+        if self.depth == 0:
+            self.root = fn
         self.loss_function = self._is_loss_function(fn)
         params = fn.params
         for param in [*params.posonly_params, *params.params, *params.kwonly_params]:
@@ -196,7 +228,7 @@ class Interpreter:
             # Framework entry points (compute_loss, training_step) stay losses
             # even when the file also calls them, e.g. under no_grad to evaluate.
             return False
-        if name in _LOSS_FUNCTIONS or is_loss_name(name):
+        if name in _LOSS_FUNCTIONS or is_loss_name(name) or _names_a_loss_function(name):
             return True
         return (
             name in ("forward", "__call__")
@@ -560,7 +592,7 @@ class Interpreter:
                     strong,
                     self.call_site.cst_node,  # type: ignore[arg-type]
                     self.function_name,
-                    self.function_node,
+                    self.root,
                     backward,
                     inlined_call=self.call_site.cst_node,  # type: ignore[arg-type]
                 )
@@ -573,8 +605,10 @@ class Interpreter:
             value = self.lift1(value, ir.detach, node)
         if isinstance(target, cst.Name):
             name = target.value
-            if self.context.role_patterns.logprob_role(name) is not None and not isinstance(
-                value, Unknown
+            patterns = self.context.role_patterns
+            if not isinstance(value, Unknown) and (
+                patterns.logprob_role(name) is not None
+                or (patterns.role_from_words(name) is not None and _is_one_log_prob(value))
             ):
                 value = self.name_logprob(name, value)
             if isinstance(value, Unknown):
@@ -684,6 +718,12 @@ class Interpreter:
             and any(n.has_role(r) for r in (Role.POLICY_LOGP, Role.OLD_LOGP))
         ]
         detached = bool(logprob_nodes) and not any(ir.depends_on_policy(n) for n in logprob_nodes)
+        patterns = self.context.role_patterns
+        if patterns.logprob_role(name) is None and logprob_nodes:
+            # ``ref = reference_logprobs(...)``: a log-prob named by its role alone.
+            role = patterns.role_from_words(name) or Role.POLICY_LOGP
+            atom: ir.Node = ir.Atom(role, name, roles.level_of(name))
+            return ir.detach(atom) if detached or self.no_grad else atom
         return self.resolve(Unknown(name, (name,), call=True, detached=detached))
 
     def resolve(
@@ -1182,6 +1222,8 @@ class Interpreter:
                 )
                 return Py(None)
             receiver = self.eval(func.value)
+            if isinstance(receiver, DictVal) and method == "values" and not args:
+                return Seq(list(receiver.items.values()))
             if (
                 method == "append"
                 and isinstance(func.value, cst.Name)
@@ -1287,6 +1329,14 @@ class Interpreter:
             name = callee.names[-1] if callee.names else callee.text
             if name in ("float", "int") and args:
                 return self.eval(args[0].value)
+            if name == "sum" and args:
+                # ``sum(losses.values())`` over a dict of loss terms.
+                terms = self.eval(args[0].value)
+                if isinstance(terms, Seq) and terms.items and not terms.appended:
+                    total = terms.items[0]
+                    for item in terms.items[1:]:
+                        total = self.binary("add", total, item, call)
+                    return total
             if name == "len" and args:
                 return ir.Atom(Role.COEFFICIENT, _code(call))
             return self.named_call(name, call, args, kwargs, callee)
@@ -1605,6 +1655,7 @@ class Interpreter:
             stack=(*self.stack, key),
             function_name=ref.node.name.value,
         )
+        callee.root = self.root
         # Parameters the caller did not pass take their defaults, evaluated in
         # the callee's module: that is how a keyword default picks a branch.
         result = callee.run_function(ref.node, bound, no_grad=self.no_grad)
@@ -1848,6 +1899,14 @@ def _lambda_as_function(node: cst.Lambda) -> cst.FunctionDef:
     )
     _LAMBDAS[id(node)] = (node, function)
     return function
+
+
+def _is_one_log_prob(value: Value) -> bool:
+    """A value that is one policy (or behaviour) log-prob, possibly detached."""
+    if not isinstance(value, ir.Node):
+        return False
+    atoms = {(a.role, a.name) for a in value.atoms()}
+    return len(atoms) == 1 and next(iter(atoms))[0] in (Role.POLICY_LOGP, Role.OLD_LOGP)
 
 
 def _class_constant(module: ModuleInfo, class_name: str, attr: str) -> Py | None:
