@@ -11,9 +11,8 @@ kllint reports KL001 on the `per_token_kl = ...` line of loss_k1;
 loss_fixed is clean.
 """
 
-import torch
 
-from tabular import initial_policies, print_optimum, report, task_reward, true_kl
+from tabular import initial_policies, print_optimum, report, train, true_kl
 
 BETA = 1.0
 BATCH = 256
@@ -38,30 +37,12 @@ def loss_fixed(per_token_logps, ref_per_token_logps, rewards, completion_mask, b
     return loss
 
 
-def train(compute_loss):
-    policy, ref_model = initial_policies()
-    optimizer = torch.optim.Adam(policy.parameters(), lr=0.08)
-    generator = torch.Generator().manual_seed(123)
-    for _ in range(STEPS):
-        completions = policy.sample(BATCH, generator)
-        completion_mask = torch.ones(completions.shape)
-        per_token_logps = policy(completions)
-        with torch.no_grad():
-            ref_per_token_logps = ref_model(completions)
-        rewards = task_reward(completions)
-        loss = compute_loss(per_token_logps, ref_per_token_logps, rewards, completion_mask, BETA)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    return policy, ref_model
-
-
 def main():
     policy, ref_model = initial_policies()
     print(f"beta = {BETA}; at the start KL(pi||pi_ref) = {true_kl(policy, ref_model):.3f}")
     print(f"after {STEPS} steps of {BATCH} sequences:")
-    report("k1 per-token loss (KL001)", *train(loss_k1), BETA)
-    report("reward-to-go score function", *train(loss_fixed), BETA)
+    report("k1 per-token loss (KL001)", *train(loss_k1, BETA, STEPS, BATCH), BETA)
+    report("reward-to-go score function", *train(loss_fixed, BETA, STEPS, BATCH), BETA)
     print_optimum(ref_model, BETA)
 
 

@@ -17,7 +17,7 @@ loss_k1_reward is clean.
 
 import torch
 
-from tabular import initial_policies, print_optimum, report, task_reward, true_kl
+from tabular import initial_policies, print_optimum, report, train, true_kl
 
 BETA = 1.0
 BATCH = 256
@@ -46,30 +46,12 @@ def loss_k1_reward(per_token_logps, ref_per_token_logps, scores, completion_mask
     return loss
 
 
-def train(compute_loss):
-    policy, ref_model = initial_policies()
-    optimizer = torch.optim.Adam(policy.parameters(), lr=0.08)
-    generator = torch.Generator().manual_seed(123)
-    for _ in range(STEPS):
-        completions = policy.sample(BATCH, generator)
-        completion_mask = torch.ones(completions.shape)
-        per_token_logps = policy(completions)
-        with torch.no_grad():
-            ref_per_token_logps = ref_model(completions)
-        scores = task_reward(completions)
-        loss = compute_loss(per_token_logps, ref_per_token_logps, scores, completion_mask, BETA)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    return policy, ref_model
-
-
 def main():
     policy, ref_model = initial_policies()
     print(f"beta = {BETA}; at the start KL(pi||pi_ref) = {true_kl(policy, ref_model):.3f}")
     print(f"after {STEPS} steps of {BATCH} sequences:")
-    report("k3 in the reward (KL004)", *train(loss_k3_reward), BETA)
-    report("k1 in the reward (fixed)", *train(loss_k1_reward), BETA)
+    report("k3 in the reward (KL004)", *train(loss_k3_reward, BETA, STEPS, BATCH), BETA)
+    report("k1 in the reward (fixed)", *train(loss_k1_reward, BETA, STEPS, BATCH), BETA)
     print_optimum(ref_model, BETA)
 
 

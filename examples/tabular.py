@@ -162,3 +162,24 @@ __all__ = [
     "true_kl",
     "true_kl_gradient",
 ]
+
+
+def train(compute_loss, beta, steps, batch, lr=0.08, seed=123):
+    """Sample from the policy, score, and minimise `compute_loss(per_token_logps,
+    ref_per_token_logps, rewards, completion_mask, beta)`: the loop every
+    example shares, so that only the loss differs between a bug and its fix."""
+    policy, ref_model = initial_policies()
+    optimizer = torch.optim.Adam(policy.parameters(), lr=lr)
+    generator = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        completions = policy.sample(batch, generator)
+        completion_mask = torch.ones(completions.shape)
+        per_token_logps = policy(completions)
+        with torch.no_grad():
+            ref_per_token_logps = ref_model(completions)
+        rewards = task_reward(completions)
+        loss = compute_loss(per_token_logps, ref_per_token_logps, rewards, completion_mask, beta)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return policy, ref_model

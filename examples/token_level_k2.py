@@ -17,9 +17,8 @@ kllint reports KL003 on the `per_token_kl = ...` line of loss_token_k2;
 loss_sequence_k2 is clean.
 """
 
-import torch
 
-from tabular import initial_policies, print_optimum, report, task_reward, true_kl
+from tabular import initial_policies, print_optimum, report, train, true_kl
 
 BETA = 1.0
 BATCH = 256
@@ -44,30 +43,12 @@ def loss_sequence_k2(per_token_logps, ref_per_token_logps, rewards, completion_m
     return loss
 
 
-def train(compute_loss):
-    policy, ref_model = initial_policies()
-    optimizer = torch.optim.Adam(policy.parameters(), lr=0.08)
-    generator = torch.Generator().manual_seed(123)
-    for _ in range(STEPS):
-        completions = policy.sample(BATCH, generator)
-        completion_mask = torch.ones(completions.shape)
-        per_token_logps = policy(completions)
-        with torch.no_grad():
-            ref_per_token_logps = ref_model(completions)
-        rewards = task_reward(completions)
-        loss = compute_loss(per_token_logps, ref_per_token_logps, rewards, completion_mask, BETA)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    return policy, ref_model
-
-
 def main():
     policy, ref_model = initial_policies()
     print(f"beta = {BETA}; at the start KL(pi||pi_ref) = {true_kl(policy, ref_model):.3f}")
     print(f"after {STEPS} steps of {BATCH} sequences:")
-    report("k2 per token, summed (KL003)", *train(loss_token_k2), BETA)
-    report("k2 of the sequence log-ratio", *train(loss_sequence_k2), BETA)
+    report("k2 per token, summed (KL003)", *train(loss_token_k2, BETA, STEPS, BATCH), BETA)
+    report("k2 of the sequence log-ratio", *train(loss_sequence_k2, BETA, STEPS, BATCH), BETA)
     print_optimum(ref_model, BETA)
 
 
