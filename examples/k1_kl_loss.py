@@ -11,7 +11,6 @@ kllint reports KL001 on the `per_token_kl = ...` line of loss_k1;
 loss_fixed is clean.
 """
 
-
 from tabular import initial_policies, print_optimum, report, train, true_kl
 
 BETA = 1.0

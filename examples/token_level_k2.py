@@ -17,7 +17,6 @@ kllint reports KL003 on the `per_token_kl = ...` line of loss_token_k2;
 loss_sequence_k2 is clean.
 """
 
-
 from tabular import initial_policies, print_optimum, report, train, true_kl
 
 BETA = 1.0

@@ -965,18 +965,15 @@ class Interpreter:
         if isinstance(base, Unknown) and attr == "shape" and base.module is None:
             return ir.Atom(Role.COEFFICIENT, _code(expr))
         if isinstance(base, Unknown):
-            names = (*base.names, attr)
-            stored = base.stored or (not base.call and _is_container_chain(base.names))
-            module = f"{base.module}.{attr}" if base.module else None
-            unknown = Unknown(
-                _code(expr),
-                names,
-                base.call,
-                stored,
-                base.reference_model,
-                base.logprob_op,
-                base.detached or attr == "data",
-                module,
+            unknown = replace(
+                base,
+                text=_code(expr),
+                names=(*base.names, attr),
+                stored=base.stored or (not base.call and _is_container_chain(base.names)),
+                detached=base.detached or attr == "data",
+                module=f"{base.module}.{attr}" if base.module else None,
+                distribution=False,
+                class_name=None,
             )
             default = self.config_default(base, attr)
             return default if default is not None else unknown
@@ -1099,16 +1096,14 @@ class Interpreter:
                 if isinstance(key_value, Py) and isinstance(key_value.value, str)
                 else None
             )
-            names = (*base.names, key) if key else base.names
-            stored = base.stored or (not base.call and _is_container_chain(base.names))
-            return Unknown(
-                _code(expr),
-                names,
-                base.call,
-                stored,
-                base.reference_model,
-                base.logprob_op,
-                base.detached,
+            # Slicing keeps what a tensor is; a string key names what it holds.
+            return replace(
+                base,
+                text=_code(expr),
+                names=(*base.names, key) if key else base.names,
+                stored=base.stored or (not base.call and _is_container_chain(base.names)),
+                module=None,
+                class_name=None,
             )
         if isinstance(base, (ir.Node, Choice, Flipped)):
             return base  # slicing a tensor keeps what it is

@@ -179,19 +179,24 @@ def _is_separate_loss(node: ir.Node) -> bool:
     return False
 
 
+def _past_factor(node: ir.Node) -> ir.Node | None:
+    """The KL side of a product or quotient by a reference-free factor
+    (a coefficient, a mask, an importance ratio), else None."""
+    if isinstance(node, ir.Binary) and node.op in ("mul", "div") and not _has_reference(node.right):
+        return node.left
+    if isinstance(node, ir.Binary) and node.op == "mul" and not _has_reference(node.left):
+        return node.right
+    return None
+
+
 def _is_reduced(node: ir.Node) -> bool:
     """Already a loss of its own: a reduction under signs and coefficients."""
     while True:
+        inner = _past_factor(node)
         if isinstance(node, ir.Unary) and node.op == "neg":
             node = node.arg
-        elif (
-            isinstance(node, ir.Binary)
-            and node.op in ("mul", "div")
-            and not _has_reference(node.right)
-        ):
-            node = node.left
-        elif isinstance(node, ir.Binary) and node.op == "mul" and not _has_reference(node.left):
-            node = node.right
+        elif inner is not None:
+            node = inner
         else:
             return isinstance(node, ir.Reduce)
 
@@ -264,14 +269,8 @@ def focus_of(term: ir.Node) -> ir.Node:
             or isinstance(node, ir.Clamp)
         ):
             node = node.arg
-        elif (
-            isinstance(node, ir.Binary)
-            and node.op in ("mul", "div")
-            and not _has_reference(node.right)
-        ):
-            node = node.left
-        elif isinstance(node, ir.Binary) and node.op == "mul" and not _has_reference(node.left):
-            node = node.right
+        elif _past_factor(node) is not None:
+            node = _past_factor(node)  # type: ignore[assignment]
         elif isinstance(node, ir.Binary) and node.op in ("max", "min"):
             # PPO's clipped objective: the unclipped operand carries the weight.
             node = node.left if _has_reference(node.left) else node.right
