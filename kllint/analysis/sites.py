@@ -260,6 +260,7 @@ def focus_of(term: ir.Node) -> ir.Node:
     reference-free factors (coefficients, masks, importance ratios)."""
     node = term
     while True:
+        inner = _past_factor(node)
         if isinstance(node, ir.Binary) and node.op == "add" and node.origin is None:
             # A sum regrouped by ``_split``: follow its first KL piece.
             node = node.left if _has_reference(node.left) else node.right
@@ -269,8 +270,8 @@ def focus_of(term: ir.Node) -> ir.Node:
             or isinstance(node, ir.Clamp)
         ):
             node = node.arg
-        elif _past_factor(node) is not None:
-            node = _past_factor(node)  # type: ignore[assignment]
+        elif inner is not None:
+            node = inner
         elif isinstance(node, ir.Binary) and node.op in ("max", "min"):
             # PPO's clipped objective: the unclipped operand carries the weight.
             node = node.left if _has_reference(node.left) else node.right
