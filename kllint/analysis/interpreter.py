@@ -1238,12 +1238,8 @@ class Interpreter:
             ):
                 # ``kl.mul_(mask)``: the tensor becomes what the operation gives.
                 name = func.value.value
-                self.env[name] = self.tensor_op(
-                    IN_PLACE[method],
-                    self.env[name],
-                    [self.eval(a.value) for a in args],
-                    {k: self.eval(v) for k, v in kwargs.items()},
-                    call,
+                self.env[name] = self.method_op(
+                    IN_PLACE[method], self.env[name], args, kwargs, call
                 )
                 return Py(None)
             if (
@@ -1264,13 +1260,7 @@ class Interpreter:
             if isinstance(receiver, (ir.Node, Choice, Flipped)) and not isinstance(
                 receiver, ir.Opaque
             ):
-                return self.tensor_op(
-                    method,
-                    receiver,
-                    [self.eval(a.value) for a in args],
-                    {k: self.eval(v) for k, v in kwargs.items()},
-                    call,
-                )
+                return self.method_op(method, receiver, args, kwargs, call)
             if (
                 isinstance(receiver, Unknown)
                 and receiver.names
@@ -1289,23 +1279,9 @@ class Interpreter:
                 ):
                     node = self.resolve(receiver)
                     if isinstance(node, ir.Node) and not isinstance(node, ir.Opaque):
-                        return self.tensor_op(
-                            method,
-                            node,
-                            [self.eval(a.value) for a in args],
-                            {k: self.eval(v) for k, v in kwargs.items()},
-                            call,
-                        )
+                        return self.method_op(method, node, args, kwargs, call)
                     if method in DETACHING:
-                        return Unknown(
-                            _code(call),
-                            receiver.names,
-                            receiver.call,
-                            receiver.stored,
-                            receiver.reference_model,
-                            receiver.logprob_op,
-                            True,
-                        )
+                        return replace(receiver, text=_code(call), detached=True)
                     if method == "gather":
                         return replace(receiver, distribution=False)
                     if method in TENSOR_IDENTITY:
@@ -1674,6 +1650,23 @@ class Interpreter:
         return result if keep(result) else credited
 
     # ----------------------------------------------------------------- tensor operations
+
+    def method_op(
+        self,
+        name: str,
+        receiver: Value,
+        args: list[cst.Arg],
+        kwargs: dict[str, cst.BaseExpression],
+        call: cst.Call,
+    ) -> Value:
+        """``receiver.name(*args, **kwargs)`` on a tensor, arguments evaluated."""
+        return self.tensor_op(
+            name,
+            receiver,
+            [self.eval(a.value) for a in args],
+            {k: self.eval(v) for k, v in kwargs.items()},
+            call,
+        )
 
     def gathered(self, value: Value, call: cst.Call) -> Value:
         """``log_probs.gather(-1, ids)``: the log-prob of the sampled token."""
