@@ -43,6 +43,7 @@ from kllint.harness import (  # noqa: E402
 )
 from kllint.harness.compile import expected_gradient  # noqa: E402
 from kllint.harness.confirm import SEEDS, measure  # noqa: E402
+from kllint.harness.estimators import exp, mul, sg, sub, token_sum  # noqa: E402
 from kllint.harness.verdict import (  # noqa: E402
     KL,
     MATCH_TOLERANCE,
@@ -62,24 +63,7 @@ mask = ir.Atom(Role.MASK, "mask")
 beta = ir.Atom(Role.COEFFICIENT, "beta")
 
 
-def sub(a: ir.Node, b: ir.Node) -> ir.Node:
-    return ir.Binary("sub", a, b)
-
-
-def mul(a: ir.Node, b: ir.Node) -> ir.Node:
-    return ir.Binary("mul", a, b)
-
-
-def sg(x: ir.Node) -> ir.Node:
-    return ir.Unary("detach", x)
-
-
-def exp(x: ir.Node) -> ir.Node:
-    return ir.Unary("exp", x)
-
-
-def masked_sum(x: ir.Node) -> ir.Node:
-    return ir.Reduce("sum", Axis.TIME, x, mask)
+masked_sum = token_sum  # (x * mask).sum(-1)
 
 
 log_ratio = sub(policy_logp, reference_logp)
