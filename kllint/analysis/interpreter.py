@@ -1,5 +1,13 @@
 """Lowering code to the KL expression IR: an abstract interpreter over one
-function's statements.
+function's statements. This module holds Python semantics only: statements,
+branches, loops (as scans over time), expressions, calls and the inlining of
+helpers. What the values mean comes from one module per vocabulary:
+
+* ``lowering``: torch functions and tensor methods;
+* ``roles``: which tensor is the policy, the reference, a mask, ...;
+* ``selectors``: where a selector's value comes from, how a branch is labelled;
+* ``sinks``: what counts as a loss;
+* ``project``: modules, classes, functions and re-exports of the project.
 
 Each local name maps to an abstract value: an IR node (a tensor expression
 over atoms), a Python literal (a selector such as ``"low_var_kl"``), a
@@ -18,7 +26,6 @@ that call site.
 
 from __future__ import annotations
 
-import itertools
 import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
@@ -26,28 +33,26 @@ from pathlib import Path
 
 import libcst as cst
 
-from kllint.analysis import ir, roles
-from kllint.analysis.ir import Axis, Role
+from kllint.analysis import ir, lowering, roles, selectors, sinks
+from kllint.analysis.ir import Role
 from kllint.analysis.lowering import (
     AGGREGATORS,
-    BINARY_METHODS,
     DETACHING,
     IN_PLACE,
     LOGPROB_OPS,
     MUTATING,
+    NO_GRAD,
     TENSOR_IDENTITY,
     UNARY,
-    has_distribution,
-    is_mask,
-    to_token_level,
-    vocabulary_expectation,
+    TorchCall,
 )
 from kllint.analysis.module import ClassInfo, ModuleInfo, dotted_name
 from kllint.analysis.project import Project
+from kllint.analysis.sinks import Sink
+from kllint.analysis.syntax import chain_names, code, full_code, string_key
 from kllint.analysis.values import (
     AND,
     HIDDEN,
-    MAX_OPTIONS,
     Choice,
     DictVal,
     Flipped,
@@ -56,83 +61,15 @@ from kllint.analysis.values import (
     Seq,
     Unknown,
     Value,
+    binary,
     choice,
-    join_conditions,
+    lift1,
+    lift2,
     merge_envs,
     negate_condition,
-    same_value,
 )
-
-
-@dataclass
-class Sink:
-    """A value that reaches a loss."""
-
-    value: Value
-    description: str  # "`loss.backward()`", "returned by `compute_loss`", ...
-    strong: bool  # backward / returned from a loss function (vs. a loss-like name)
-    node: cst.CSTNode
-    function: str
-    function_node: cst.CSTNode | None = None
-    backward: bool = False  # reaches .backward() itself
-    # For a backward pass inside a helper the function calls: that call.
-    # Estimates computed inside the helper are the helper's own findings.
-    inlined_call: cst.CSTNode | None = None
-
 
 MAX_DEPTH = 4  # helpers inlined inside helpers, at most
-
-# --------------------------------------------------------------------- context
-
-_NO_GRAD = frozenset({"no_grad", "inference_mode"})
-_LOSS_FUNCTIONS = frozenset(
-    {
-        "compute_loss",
-        "loss_fn",
-        "loss",
-        "get_loss",
-        "compute_losses",
-        "training_step",
-        "forward_loss",
-        "policy_loss",
-    }
-)
-
-
-def _names_a_loss_function(name: str) -> bool:
-    """``gspo_loss_seq_k3``, ``loss_with_kl``: a function that computes a loss,
-    not one that logs or scales one (``log_loss_stats``, ``loss_scale``)."""
-    ws = roles.words(name)
-    return ("loss" in ws or "losses" in ws) and not set(ws) & _NOT_A_LOSS_WORDS
-
-
-_NOT_A_LOSS_WORDS = frozenset(
-    {
-        "log",
-        "logging",
-        "stats",
-        "metrics",
-        "info",
-        "scale",
-        "scaler",
-        "mask",
-        "masks",
-        "weight",
-        "weights",
-        "coef",
-        "print",
-        "plot",
-        "record",
-        "track",
-    }
-)
-
-
-def is_loss_name(name: str) -> bool:
-    """``loss``, ``kl_loss``, ``policy_loss``, ``losses``; not ``loss_mask``."""
-    ws = roles.words(name)
-    # Not "objective": objectives are maximised, so their KL sign is reversed.
-    return bool(ws) and ws[-1] in ("loss", "losses")
 
 
 @dataclass
@@ -194,14 +131,16 @@ class Interpreter:
         self.function_node = fn
         if self.depth == 0:
             self.root = fn
-        self.loss_function = self._is_loss_function(fn)
+        self.loss_function = sinks.is_loss_function(
+            fn.name.value, self.cls.node.name.value if self.cls else None, self.context.called
+        )
         params = fn.params
         for param in [*params.posonly_params, *params.params, *params.kwonly_params]:
             name = param.name.value
             if bound is not None and name in bound:
                 self.env[name] = bound[name]
             elif param.default is not None and (
-                bound is not None or _is_selector_literal(param.default)
+                bound is not None or selectors.is_selector_literal(param.default)
             ):
                 # A keyword default picks the branch when the caller (or, for a
                 # function analysed on its own, every caller that omits it) does not.
@@ -219,22 +158,6 @@ class Interpreter:
     def param_value(self, name: str) -> Value:
         unknown = Unknown(name, (name,))
         return self.resolve(unknown, name, keep_unknown=True)
-
-    def _is_loss_function(self, fn: cst.FunctionDef) -> bool:
-        name = fn.name.value
-        if name in self.context.called and name not in _LOSS_FUNCTIONS:
-            # A helper of this file: judged at its call sites, where the
-            # arguments (and so the branch and the gradient path) are known.
-            # Framework entry points (compute_loss, training_step) stay losses
-            # even when the file also calls them, e.g. under no_grad to evaluate.
-            return False
-        if name in _LOSS_FUNCTIONS or is_loss_name(name) or _names_a_loss_function(name):
-            return True
-        return (
-            name in ("forward", "__call__")
-            and self.cls is not None
-            and is_loss_name(self.cls.node.name.value)
-        )
 
     # ----------------------------------------------------------------- statements
 
@@ -263,14 +186,14 @@ class Interpreter:
             saved = self.no_grad
             for item in statement.items:
                 name = dotted_name(item.item.func) if isinstance(item.item, cst.Call) else None
-                if (name is not None and name.split(".")[-1] in _NO_GRAD) or (
+                if (name is not None and name.split(".")[-1] in NO_GRAD) or (
                     isinstance(item.item, cst.Call)
                     and isinstance(item.item.func, cst.Attribute)
                     and item.item.func.attr.value == "set_grad_enabled"
                 ):
                     self.no_grad = True
                 if item.asname is not None:
-                    self.assign(item.asname.name, Unknown(_code(item.item), ("context",)), item)
+                    self.assign(item.asname.name, Unknown(code(item.item), ("context",)), item)
             done = self.exec_block(statement.body.body)
             self.no_grad = saved
             return done
@@ -386,7 +309,7 @@ class Interpreter:
         elif isinstance(value, Seq) and value.items and isinstance(target, cst.Name):
             self.assign(target, value.items[0], node)
         else:
-            self.assign(target, Unknown(_code(iterable), ("loop",)), node)
+            self.assign(target, Unknown(code(iterable), ("loop",)), node)
 
     def exec_if(self, statement: cst.If) -> bool:
         orelse = statement.orelse
@@ -437,7 +360,7 @@ class Interpreter:
     def exec_match(self, statement: cst.Match) -> bool:
         """``match kind: case "k3": ...`` is an if/elif chain on ``kind``."""
         subject = self.eval(statement.subject)
-        subject_text = _full_code(statement.subject)
+        subject_text = full_code(statement.subject)
         cases = list(statement.cases)
 
         def run(index: int) -> bool:
@@ -448,8 +371,10 @@ class Interpreter:
             if case.guard is not None and truth is not False:
                 guard = self.truth(case.guard)
                 truth = False if guard is False else (truth if guard is True else None)
-            text = f"{subject_text} == {_full_code(case.pattern)}"
-            selects = self.selects_estimator(statement.subject, case.pattern, text)
+            text = f"{subject_text} == {full_code(case.pattern)}"
+            selects = selectors.selects_estimator(
+                statement.subject, case.pattern, text, in_helper=self.depth > 0
+            )
             return self.exec_branch(
                 truth,
                 lambda: text if selects else HIDDEN + text,
@@ -476,28 +401,7 @@ class Interpreter:
         return None
 
     def condition_label(self, test: cst.BaseExpression) -> str:
-        """A branch condition, shown in messages only when it can select an
-        estimator: it mentions the KL, or compares a selector (``kind``,
-        ``estimator``, any string test inside a helper) with a string. A
-        ``loss_type == "cispo"`` in the trainer around it is not shown."""
-        text = _full_code(test)
-        return text if self.selects_estimator(test, test, text) else HIDDEN + text
-
-    def selects_estimator(self, subject: cst.CSTNode, compared: cst.CSTNode, text: str) -> bool:
-        lowered = text.lower()
-        if any(word in lowered for word in ("kl", "estimator", "penalty", "divergence")):
-            return True
-        if not any(isinstance(n, cst.SimpleString) for n in _descendants(compared)):
-            return False
-        if self.depth > 0:
-            return True
-        names = {
-            w
-            for n in _descendants(subject)
-            if isinstance(n, cst.Name)
-            for w in roles.words(n.value)
-        }
-        return bool(names & _SELECTOR_WORDS)
+        return selectors.condition_label(test, in_helper=self.depth > 0)
 
     def exec_small(self, small: cst.BaseSmallStatement) -> bool:
         if isinstance(small, cst.Assign):
@@ -513,7 +417,7 @@ class Interpreter:
             combined = (
                 self.binary(op, current, value, small)
                 if op
-                else Unknown(_code(small), ("augassign",))
+                else Unknown(code(small), ("augassign",))
             )
             if (
                 isinstance(small.target, cst.Subscript)
@@ -530,7 +434,7 @@ class Interpreter:
         elif isinstance(small, cst.Return):
             value = self.eval(small.value) if small.value is not None else Py(None)
             if self.no_grad and isinstance(value, (ir.Node, Choice, Flipped)):
-                value = self.lift1(value, ir.detach, small)
+                value = self.lift1(value, ir.detach)
             self.returns.append((AND.join(self.path), value))
             if self.loss_function and self.depth == 0:
                 self.loss_sink_from_return(small, value)
@@ -540,24 +444,8 @@ class Interpreter:
         return False
 
     def loss_sink_from_return(self, node: cst.Return, value: Value) -> None:
-        description = f"the value returned by `{self.function_name}`"
-        if isinstance(value, DictVal):
-            for key, item in value.items.items():
-                if is_loss_name(key):
-                    self.add_sink(item, f"{description} as `{key}`", True, node)
-            return
-        if isinstance(value, Seq) and value.items and isinstance(node.value, (cst.Tuple, cst.List)):
-            # ``return loss, metrics``: the elements named like a loss, else the first.
-            elements = [e.value for e in node.value.elements]
-            named = [
-                v
-                for e, v in zip(elements, value.items)
-                if isinstance(e, cst.Name) and is_loss_name(e.value)
-            ]
-            for item in named or value.items[:1]:
-                self.add_sink(item, description, True, node)
-            return
-        self.add_sink(value, description, True, node)
+        for item, description in sinks.returned_losses(self.function_name, node.value, value):
+            self.add_sink(item, description, True, node)
 
     def add_sink(
         self,
@@ -602,15 +490,15 @@ class Interpreter:
         if self.no_grad and isinstance(value, (ir.Node, Choice, Flipped)):
             # Whatever is computed under no_grad/inference_mode has no gradient,
             # including arithmetic on tensors that had one.
-            value = self.lift1(value, ir.detach, node)
+            value = self.lift1(value, ir.detach)
         if isinstance(target, cst.Name):
             name = target.value
             patterns = self.context.role_patterns
             if not isinstance(value, Unknown) and (
                 patterns.logprob_role(name) is not None
-                or (patterns.role_from_words(name) is not None and _is_one_log_prob(value))
+                or (patterns.role_from_words(name) is not None and roles.is_one_log_prob(value))
             ):
-                value = self.name_logprob(name, value)
+                value = roles.name_logprob(name, value, patterns, no_grad=self.no_grad)
             if isinstance(value, Unknown):
                 # The variable's own name is evidence too (``mask``, ``beta``).
                 value = replace(value, names=(*value.names, name))
@@ -628,7 +516,7 @@ class Interpreter:
                     ]
                 )
             self.env[name] = value
-            if is_loss_name(name):
+            if sinks.is_loss_name(name):
                 self.add_sink(value, f"the loss variable `{name}`", False, node)
         elif isinstance(target, (cst.Tuple, cst.List)):
             elements = [e.value for e in target.elements]
@@ -649,147 +537,34 @@ class Interpreter:
                         value.detached,
                     )
                 else:
-                    item = Unknown(_code(element), ("unpacked",))
+                    item = Unknown(code(element), ("unpacked",))
                 self.assign(element, item, node)
         elif isinstance(target, cst.Subscript) and isinstance(target.value, cst.Name):
             container = self.env.get(target.value.value)
-            key = _string_key(target)
+            key = string_key(target)
             if isinstance(container, (ir.Node, Seq)):
                 # ``buffer[:, i] = ...`` fills a tensor in place: it is no longer what it was.
                 self.env[target.value.value] = Unknown(target.value.value, (target.value.value,))
             if isinstance(container, DictVal) and key is not None:
                 container.items[key] = value
-                if is_loss_name(key):
+                if sinks.is_loss_name(key):
                     self.add_sink(value, f"the loss entry `{key}`", False, node)
 
-    def find_method(self, name: str) -> FuncRef | None:
-        """``self.name``: in this class, else in its base classes (this module's
-        or imported from the project), nearest first."""
-        seen: set[int] = set()
-        queue: list[tuple[ClassInfo, ModuleInfo]] = [(self.cls, self.module)] if self.cls else []
-        while queue:
-            cls, module = queue.pop(0)
-            if id(cls.node) in seen:
-                continue
-            seen.add(id(cls.node))
-            if name in cls.methods:
-                return FuncRef(cls.methods[name], module, cls, bound=True)
-            for base in cls.bases:
-                found = self._class_named(base, module)
-                if found is not None:
-                    queue.append(found)
-        return None
-
-    def _class_named(self, dotted: str, module: ModuleInfo) -> tuple[ClassInfo, ModuleInfo] | None:
-        head = dotted.split(".")[-1]
-        if head in module.classes:
-            return module.classes[head], module
-        imported = module.imports.get(head)
-        if imported is not None and imported.name is not None:
-            target = self.context.project.resolve_module(
-                imported.module, module.path, imported.level
-            )
-            if target is not None and imported.name in target.classes:
-                return target.classes[imported.name], target
-        return None
-
     # ----------------------------------------------------------------- evidence
-
-    def name_logprob(self, name: str, value: Value) -> Value:
-        """A value assigned to a name like ``ref_log_prob``: what a helper did to
-        compute a log-prob (a model forward, a gather) does not matter, only
-        which policy it belongs to and whether it carries gradient. A value
-        that already involves the reference is a log-ratio and is kept."""
-        nodes = [v for _, v in value.options] if isinstance(value, Choice) else [value]
-        for n in nodes:
-            if not isinstance(n, ir.Node):
-                continue
-            atoms = {
-                (a.role, a.name)
-                for a in n.atoms()
-                if a.role in (Role.POLICY_LOGP, Role.OLD_LOGP, Role.REFERENCE_LOGP)
-            }
-            if len(atoms) >= 2 or n.has_role(Role.REFERENCE_LOGP) or has_distribution(n):
-                return value  # a log-ratio (``logprobs_diff = new - old``), not a log-prob
-        logprob_nodes = [
-            n
-            for n in nodes
-            if isinstance(n, ir.Node)
-            and any(n.has_role(r) for r in (Role.POLICY_LOGP, Role.OLD_LOGP))
-        ]
-        detached = bool(logprob_nodes) and not any(ir.depends_on_policy(n) for n in logprob_nodes)
-        patterns = self.context.role_patterns
-        if patterns.logprob_role(name) is None and logprob_nodes:
-            # ``ref = reference_logprobs(...)``: a log-prob named by its role alone.
-            role = patterns.role_from_words(name) or Role.POLICY_LOGP
-            atom: ir.Node = ir.Atom(role, name, roles.level_of(name))
-            return ir.detach(atom) if detached or self.no_grad else atom
-        return self.resolve(Unknown(name, (name,), call=True, detached=detached))
 
     def resolve(
         self, unknown: Unknown, target: str | None = None, *, keep_unknown: bool = False
     ) -> Value:
-        """Decide what an unknown value is, from the strongest evidence first."""
-        patterns = self.context.role_patterns
-        if unknown.numpy:
-            return ir.Opaque(unknown.text)
-        role: Role | None = None
-        name = target or unknown.text
-        prob = False
-        if target is not None and (
-            roles.is_logprob_name(target)
-            or roles.is_prob_name(target)
-            or patterns.logprob_role(target)
-        ):
-            role = patterns.logprob_role(target)
-            prob = roles.is_prob_name(target) and not roles.is_logprob_name(target)
-            if (
-                role is Role.POLICY_LOGP
-                and patterns.role_from_words(target) is None
-                and unknown.reference_model
-            ):
-                role = Role.REFERENCE_LOGP
-        if role is None:
-            for hint in reversed(unknown.names):
-                hint_role = patterns.logprob_role(hint)
-                if hint_role is not None:
-                    role = hint_role
-                    name = hint if target is None else target
-                    prob = roles.is_prob_name(hint) and not roles.is_logprob_name(hint)
-                    if role is Role.POLICY_LOGP and unknown.reference_model:
-                        role = Role.REFERENCE_LOGP
-                    break
-            else:
-                if unknown.logprob_op and target is not None:
-                    role = (
-                        Role.REFERENCE_LOGP
-                        if unknown.reference_model
-                        else patterns.role_from_words(target) or Role.POLICY_LOGP
-                    )
-        if role is None:
-            if keep_unknown:
-                return unknown
-            weight = roles.weight_role(unknown.names[-1] if unknown.names else unknown.text)
-            if (
-                weight is Role.ADVANTAGE
-                and unknown.call
-                and not (unknown.stored or unknown.detached or self.no_grad)
-            ):
-                # ``values = self.value_head(hidden)``: a prediction with its own
-                # gradient (a critic), not a detached weight.
-                return ir.Opaque(unknown.text)
-            if weight is not None:
-                return ir.Atom(weight, unknown.text)
-            return ir.Opaque(unknown.text)
-        level = ir.Level.DISTRIBUTION if unknown.distribution else roles.level_of(name)
-        atom: ir.Node = ir.Atom(role, name, level)
-        if prob:
-            atom = ir.Unary("exp", atom)
-        if unknown.stored or unknown.detached or self.no_grad:
-            atom = ir.detach(atom)
-        return atom
+        """What an unknown value is (see ``roles.resolve``), here."""
+        return roles.resolve(
+            unknown,
+            self.context.role_patterns,
+            target,
+            keep_unknown=keep_unknown,
+            no_grad=self.no_grad,
+        )
 
-    def as_node(self, value: Value, origin_node: cst.CSTNode) -> ir.Node:
+    def as_node(self, value: Value) -> ir.Node:
         if isinstance(value, ir.Node):
             return value
         if isinstance(value, Py):
@@ -811,7 +586,7 @@ class Interpreter:
         try:
             return self._eval(expr)
         except RecursionError:
-            return Unknown(_code(expr), ("deep",))
+            return Unknown(code(expr), ("deep",))
 
     def _eval(self, expr: cst.BaseExpression) -> Value:
         if isinstance(expr, cst.Name):
@@ -828,22 +603,22 @@ class Interpreter:
         if isinstance(expr, cst.UnaryOperation):
             operand = self.eval(expr.expression)
             if isinstance(expr.operator, cst.Minus):
-                return self.lift1(operand, lambda n: ir.neg(n, self.origin(expr)), expr)
+                return self.lift1(operand, lambda n: ir.neg(n, self.origin(expr)))
             if isinstance(expr.operator, cst.Plus):
                 return operand
             if isinstance(expr.operator, cst.Not):
                 truth = self.truth(expr.expression)
-                return Py(not truth) if truth is not None else Unknown(_code(expr), ("not",))
-            return Unknown(_code(expr), ("unary",))
+                return Py(not truth) if truth is not None else Unknown(code(expr), ("not",))
+            return Unknown(code(expr), ("unary",))
         if isinstance(expr, cst.BinaryOperation):
             op = _BINOPS.get(type(expr.operator).__name__)
             left, right = self.eval(expr.left), self.eval(expr.right)
             if op is None:
-                return Unknown(_code(expr), ("binop",))
+                return Unknown(code(expr), ("binop",))
             return self.binary(op, left, right, expr)
         if isinstance(expr, (cst.Comparison, cst.BooleanOperation)):
             truth = self.truth(expr)
-            return Py(truth) if truth is not None else Unknown(_code(expr), ("condition",))
+            return Py(truth) if truth is not None else Unknown(code(expr), ("condition",))
         if isinstance(expr, cst.IfExp):
             truth = self.truth(expr.test)
             if truth is True:
@@ -878,7 +653,7 @@ class Interpreter:
             return FuncRef(_lambda_as_function(expr), self.module)
         if isinstance(expr, cst.DictComp):
             return self.eval_dict_comprehension(expr)
-        return Unknown(_code(expr), (type(expr).__name__,))
+        return Unknown(code(expr), (type(expr).__name__,))
 
     def eval_dict_comprehension(self, expr: cst.DictComp) -> Value:
         """``{k: v[idx] for k, v in batch.items()}`` over a known dict (a
@@ -910,7 +685,7 @@ class Interpreter:
                     else:
                         self.env[n] = v
                 return DictVal(items)
-        return Unknown(_code(expr), ("comprehension",))
+        return Unknown(code(expr), ("comprehension",))
 
     def lookup(self, name: str) -> Value:
         if name in self.env:
@@ -949,107 +724,45 @@ class Interpreter:
         attr = expr.attr.value
         if isinstance(base, (ir.Node, Choice)) and not isinstance(base, ir.Opaque):
             if attr == "data":
-                return self.lift1(base, lambda n: ir.detach(n, self.origin(expr)), expr)
+                return self.lift1(base, lambda n: ir.detach(n, self.origin(expr)))
             if attr in ("T", "mT", "real"):
                 return base
             if attr == "shape":
                 # Sizes are positive constants: a normaliser, not a gradient path.
-                return ir.Atom(Role.COEFFICIENT, _code(expr))
-            return Unknown(_code(expr), (attr,))
+                return ir.Atom(Role.COEFFICIENT, code(expr))
+            return Unknown(code(expr), (attr,))
         if isinstance(base, Unknown) and base.class_name is not None:
-            member = _class_constant(self.module, base.class_name, attr)
+            member = selectors.class_constant(self.module, base.class_name, attr)
             if member is not None:
                 return member  # ``KLEstimator.K3``: an Enum member stands for its value
         if isinstance(base, Py) and attr in ("value", "name"):
             return base if attr == "value" else Py(None)
         if isinstance(base, Unknown) and attr == "shape" and base.module is None:
-            return ir.Atom(Role.COEFFICIENT, _code(expr))
+            return ir.Atom(Role.COEFFICIENT, code(expr))
         if isinstance(base, Unknown):
             unknown = replace(
                 base,
-                text=_code(expr),
+                text=code(expr),
                 names=(*base.names, attr),
-                stored=base.stored or (not base.call and _is_container_chain(base.names)),
+                stored=base.stored or (not base.call and roles.from_container(base.names)),
                 detached=base.detached or attr == "data",
                 module=f"{base.module}.{attr}" if base.module else None,
                 distribution=False,
                 class_name=None,
             )
-            default = self.config_default(base, attr)
+            default = selectors.config_default(
+                self.context.project,
+                self.context.fs_path,
+                self.module,
+                self.function_node,
+                self.cls,
+                base,
+                attr,
+            )
             return default if default is not None else unknown
         if isinstance(base, (FuncRef, Py)):
-            return Unknown(_code(expr), (attr,))
-        return Unknown(_code(expr), (attr,))
-
-    def config_default(self, base: Unknown, attr: str) -> Py | None:
-        """``self.config.kl_loss_type`` and the like: the one default the
-        project gives that setting, if there is exactly one."""
-        if base.call or base.module is not None:
-            return None
-        typed = self.typed_default(base, attr)
-        if typed is not None:
-            return typed
-        if not any(w in _CONFIG_WORDS for n in base.names for w in roles.words(n)):
-            return None
-        defaults = self.context.project.config_defaults(self.context.fs_path, attr)
-        # ``args.x`` is an argparse namespace; ``config.x`` a config class or YAML.
-        from_args = any("args" in roles.words(n) for n in base.names)
-        preferred = [d for d in defaults if (d.kind == "argparse") == from_args]
-        defaults = preferred or defaults
-        if not all(isinstance(d.value, str) for d in defaults):
-            # Feature flags and numbers stay open: a default of ``use_kl_loss:
-            # false`` must not hide the code path users turn on.
-            return None
-        values = {repr(d.value) for d in defaults}
-        if len(values) != 1:
-            return None
-        sources = sorted({d.source for d in defaults})
-        return Py(
-            defaults[0].value, source="; ".join(sources[:2]) + (" ..." if len(sources) > 2 else "")
-        )
-
-    def typed_default(self, base: Unknown, attr: str) -> Py | None:
-        """``config.x`` where ``config: TrainerConfig`` is a parameter (or
-        ``self.args.x`` where ``__init__`` takes ``args: TrainerConfig``): the
-        default that class gives ``x``, the most specific evidence there is."""
-        annotation: cst.BaseExpression | None = None
-        if len(base.names) == 1 and self.function_node is not None:
-            annotation = _annotation_of(self.function_node, base.names[0])
-        elif len(base.names) == 2 and base.names[0] == "self" and self.cls is not None:
-            init = self.cls.methods.get("__init__")
-            if init is not None:
-                annotation = _annotation_of(init, base.names[1])
-        class_name = dotted_name(annotation) if annotation is not None else None
-        if class_name is None:
-            return None
-        found = self._class_named(class_name, self.module)
-        if found is None:
-            return None
-        cls, module = found
-        for statement in cls.node.body.body:
-            if not isinstance(statement, cst.SimpleStatementLine):
-                continue
-            for small in statement.body:
-                if not (isinstance(small, cst.AnnAssign) and isinstance(small.target, cst.Name)):
-                    continue
-                if small.target.value != attr or small.value is None:
-                    continue
-                value: cst.BaseExpression | None = small.value
-                if isinstance(value, cst.Call) and dotted_name(value.func) in (
-                    "field",
-                    "dataclasses.field",
-                ):
-                    value = next(
-                        (a.value for a in value.args if a.keyword and a.keyword.value == "default"),
-                        None,
-                    )
-                if isinstance(value, cst.SimpleString) and isinstance(value.evaluated_value, str):
-                    line = module.line_of_class(cls.node.name.value)
-                    return Py(
-                        value.evaluated_value,
-                        source=f"`{cls.node.name.value}` ({module.path.name}:{line})",
-                    )
-        return None
+            return Unknown(code(expr), (attr,))
+        return Unknown(code(expr), (attr,))
 
     def eval_subscript(self, expr: cst.Subscript) -> Value:
         base = self.eval(expr.value)
@@ -1061,7 +774,7 @@ class Interpreter:
             and isinstance(key_value, Py)
             and isinstance(key_value.value, str)
         ):
-            return base.items.get(key_value.value, Unknown(_code(expr), (key_value.value,)))
+            return base.items.get(key_value.value, Unknown(code(expr), (key_value.value,)))
         if (
             isinstance(base, DictVal)
             and base.items
@@ -1069,7 +782,7 @@ class Interpreter:
             and not isinstance(key_value, Py)
         ):
             # A dispatch table indexed by a selector kllint cannot resolve.
-            label = _full_code(expr.slice[0].slice)
+            label = full_code(expr.slice[0].slice)
             return choice([(f"{label} == {key!r}", item) for key, item in base.items.items()])
         if isinstance(base, Seq):
             if isinstance(key_value, ir.Const) and float(key_value.value).is_integer():
@@ -1087,9 +800,9 @@ class Interpreter:
             if base.appended:
                 return base  # ``steps[::-1]``: the same rows, reordered
             if key_value is not None:
-                label = _full_code(expr.slice[0].slice)
+                label = full_code(expr.slice[0].slice)
                 return choice([(f"{label} == {i}", item) for i, item in enumerate(base.items)])
-            return Unknown(_code(expr), ("slice",))
+            return Unknown(code(expr), ("slice",))
         if isinstance(base, Unknown):
             key = (
                 key_value.value
@@ -1099,15 +812,15 @@ class Interpreter:
             # Slicing keeps what a tensor is; a string key names what it holds.
             return replace(
                 base,
-                text=_code(expr),
+                text=code(expr),
                 names=(*base.names, key) if key else base.names,
-                stored=base.stored or (not base.call and _is_container_chain(base.names)),
+                stored=base.stored or (not base.call and roles.from_container(base.names)),
                 module=None,
                 class_name=None,
             )
         if isinstance(base, (ir.Node, Choice, Flipped)):
             return base  # slicing a tensor keeps what it is
-        return Unknown(_code(expr), ("subscript",))
+        return Unknown(code(expr), ("subscript",))
 
     # ----------------------------------------------------------------- conditions
 
@@ -1134,7 +847,7 @@ class Interpreter:
                     return None
                 for side in (left, right):
                     if isinstance(side, Py) and side.source and self.call_site is not None:
-                        note = f"{_full_code(expr.left)} = {side.value!r} (the default in {side.source})"
+                        note = selectors.default_note(expr.left, side)
                         if note not in self.call_site.notes:
                             self.call_site.notes.append(note)
                 result = result and outcome
@@ -1150,52 +863,16 @@ class Interpreter:
     # ----------------------------------------------------------------- arithmetic
 
     def binary(self, op: str, left: Value, right: Value, node: cst.CSTNode) -> Value:
-        if isinstance(left, Py) and isinstance(right, Py) and op == "add":
-            if isinstance(left.value, str) and isinstance(right.value, str):
-                return Py(left.value + right.value)
-        return self.lift2(left, right, lambda a, b: ir.binary(op, a, b, self.origin(node)), node)
+        return binary(op, left, right, self.origin(node), self.as_node)
 
-    def lift1(self, value: Value, fn: Callable[[ir.Node], ir.Node], node: cst.CSTNode) -> Value:
-        if isinstance(value, Choice):
-            return choice([(label, self.lift1(v, fn, node)) for label, v in value.options])
-        if isinstance(value, Flipped):
-            return Flipped(fn(value.node))  # elementwise ops commute with a flip
-        return fn(self.as_node(value, node))
+    def lift1(self, value: Value, fn: Callable[[ir.Node], ir.Node]) -> Value:
+        return lift1(value, fn, self.as_node)
 
-    def lift2(
-        self,
-        left: Value,
-        right: Value,
-        fn: Callable[[ir.Node, ir.Node], ir.Node],
-        node: cst.CSTNode,
-    ) -> Value:
-        if isinstance(left, Choice) or isinstance(right, Choice):
-            lefts = left.options if isinstance(left, Choice) else [("", left)]
-            rights = right.options if isinstance(right, Choice) else [("", right)]
-            # Choices that come from the same branch are correlated: combine
-            # only the alternatives whose conditions are consistent.
-            combos = [
-                (label, a, b)
-                for (la, a), (lb, b) in itertools.product(lefts, rights)
-                if (label := join_conditions(la, lb)) is not None
-            ][:MAX_OPTIONS]
-            return choice([(label, self.lift2(a, b, fn, node)) for label, a, b in combos])
-        if isinstance(left, Flipped) and isinstance(right, Flipped):
-            return Flipped(fn(left.node, right.node))
-        if isinstance(left, Flipped) or isinstance(right, Flipped):
-            other = right if isinstance(left, Flipped) else left
-            other_node = self.as_node(other, node)
-            if not any(
-                a.role in (Role.POLICY_LOGP, Role.REFERENCE_LOGP, Role.OLD_LOGP, Role.ADVANTAGE)
-                for a in other_node.atoms()
-            ):
-                # A mask or a coefficient broadcast over time commutes with the flip.
-                if isinstance(left, Flipped):
-                    return Flipped(fn(left.node, other_node))
-                assert isinstance(right, Flipped)
-                return Flipped(fn(other_node, right.node))
-            return ir.Opaque("flipped tensor mixed with an unflipped one")
-        return fn(self.as_node(left, node), self.as_node(right, node))
+    def lift2(self, left: Value, right: Value, fn: Callable[[ir.Node, ir.Node], ir.Node]) -> Value:
+        return lift2(left, right, fn, self.as_node)
+
+    def torch_call(self, call: cst.CSTNode) -> TorchCall:
+        return TorchCall(self.origin(call), call, self.as_node)
 
     # ----------------------------------------------------------------- calls
 
@@ -1204,90 +881,7 @@ class Interpreter:
         args = [a for a in call.args if a.keyword is None and a.star == ""]
         kwargs = {a.keyword.value: a.value for a in call.args if a.keyword is not None}
         if isinstance(func, cst.Attribute):
-            method = func.attr.value
-            if method in ("backward", "manual_backward"):
-                target = args[0].value if args else func.value
-                value = self.eval(target)
-                self.add_sink(
-                    value,
-                    f"`{_full_code(call)}`" if len(_full_code(call)) < 60 else f"`.{method}()`",
-                    True,
-                    call,
-                    backward=True,
-                )
-                return Py(None)
-            receiver = self.eval(func.value)
-            if isinstance(receiver, DictVal) and method == "values" and not args:
-                return Seq(list(receiver.items.values()))
-            if (
-                method == "append"
-                and isinstance(func.value, cst.Name)
-                and isinstance(self.env.get(func.value.value), Seq)
-                and args
-            ):
-                listed = self.env[func.value.value]
-                assert isinstance(listed, Seq)
-                self.env[func.value.value] = Seq(
-                    [*listed.items, self.eval(args[0].value)], appended=True
-                )
-                return Py(None)
-            if (
-                method in IN_PLACE
-                and isinstance(func.value, cst.Name)
-                and isinstance(self.env.get(func.value.value), (ir.Node, Choice))
-            ):
-                # ``kl.mul_(mask)``: the tensor becomes what the operation gives.
-                name = func.value.value
-                self.env[name] = self.method_op(
-                    IN_PLACE[method], self.env[name], args, kwargs, call
-                )
-                return Py(None)
-            if (
-                method in MUTATING
-                and isinstance(func.value, cst.Name)
-                and func.value.value in self.env
-            ):
-                name = func.value.value
-                self.env[name] = Unknown(name, (name,))
-                return Py(None)
-            if isinstance(receiver, Unknown) and receiver.module is not None:
-                return self.call_module_function(receiver.module, method, call, args, kwargs)
-            if method == "scale" and isinstance(receiver, Unknown) and len(args) == 1:
-                # ``scaler.scale(loss).backward()`` (AMP): the scaled loss is the loss.
-                scaled = self.eval(args[0].value)
-                if isinstance(scaled, (ir.Node, Choice)):
-                    return scaled
-            if isinstance(receiver, (ir.Node, Choice, Flipped)) and not isinstance(
-                receiver, ir.Opaque
-            ):
-                return self.method_op(method, receiver, args, kwargs, call)
-            if (
-                isinstance(receiver, Unknown)
-                and receiver.names
-                and receiver.names[0] == "self"
-                and len(receiver.names) == 1
-            ):
-                found = self.find_method(method)
-                if found is not None:
-                    return self.inline(found, call)
-            if isinstance(receiver, Unknown):
-                if (
-                    method in TENSOR_IDENTITY
-                    or method in UNARY
-                    or method in DETACHING
-                    or method in ("sum", "mean", "clamp", "exp")
-                ):
-                    node = self.resolve(receiver)
-                    if isinstance(node, ir.Node) and not isinstance(node, ir.Opaque):
-                        return self.method_op(method, node, args, kwargs, call)
-                    if method in DETACHING:
-                        return replace(receiver, text=_code(call), detached=True)
-                    if method == "gather":
-                        return replace(receiver, distribution=False)
-                    if method in TENSOR_IDENTITY:
-                        return receiver
-                return self.unknown_call(call, method, receiver, args)
-            return Unknown(_code(call), (method,), call=True)
+            return self.eval_method_call(call, func, args, kwargs)
         callee = self.eval(func)
         if isinstance(callee, FuncRef):
             return self.inline(callee, call)
@@ -1297,21 +891,124 @@ class Interpreter:
                 module, _, name = callee.module.lstrip(".").rpartition(".")
                 module = "." * level + module
                 return self.call_module_function(module, name, call, args, kwargs)
-            name = callee.names[-1] if callee.names else callee.text
-            if name in ("float", "int") and args:
-                return self.eval(args[0].value)
-            if name == "sum" and args:
-                # ``sum(losses.values())`` over a dict of loss terms.
-                terms = self.eval(args[0].value)
-                if isinstance(terms, Seq) and terms.items and not terms.appended:
-                    total = terms.items[0]
-                    for item in terms.items[1:]:
-                        total = self.binary("add", total, item, call)
-                    return total
-            if name == "len" and args:
-                return ir.Atom(Role.COEFFICIENT, _code(call))
-            return self.named_call(name, call, args, kwargs, callee)
-        return Unknown(_code(call), ("call",), call=True)
+            return self.call_builtin(callee, call, args, kwargs)
+        return Unknown(code(call), ("call",), call=True)
+
+    def call_builtin(
+        self,
+        callee: Unknown,
+        call: cst.Call,
+        args: list[cst.Arg],
+        kwargs: dict[str, cst.BaseExpression],
+    ) -> Value:
+        """A call by a plain name that is no function of the project."""
+        name = callee.names[-1] if callee.names else callee.text
+        if name in ("float", "int") and args:
+            return self.eval(args[0].value)
+        if name == "sum" and args:
+            # ``sum(losses.values())`` over a dict of loss terms.
+            terms = self.eval(args[0].value)
+            if isinstance(terms, Seq) and terms.items and not terms.appended:
+                total = terms.items[0]
+                for item in terms.items[1:]:
+                    total = self.binary("add", total, item, call)
+                return total
+        if name == "len" and args:
+            return ir.Atom(Role.COEFFICIENT, code(call))
+        return self.named_call(name, call, args, kwargs, callee)
+
+    def eval_method_call(
+        self,
+        call: cst.Call,
+        func: cst.Attribute,
+        args: list[cst.Arg],
+        kwargs: dict[str, cst.BaseExpression],
+    ) -> Value:
+        method = func.attr.value
+        if method in sinks.BACKWARD_METHODS:
+            target = args[0].value if args else func.value
+            value = self.eval(target)
+            self.add_sink(
+                value,
+                sinks.backward_description(full_code(call), method),
+                True,
+                call,
+                backward=True,
+            )
+            return Py(None)
+        receiver = self.eval(func.value)
+        if isinstance(receiver, DictVal) and method == "values" and not args:
+            return Seq(list(receiver.items.values()))
+        if isinstance(func.value, cst.Name) and self.mutate(
+            func.value.value, method, args, kwargs, call
+        ):
+            return Py(None)
+        if isinstance(receiver, Unknown) and receiver.module is not None:
+            return self.call_module_function(receiver.module, method, call, args, kwargs)
+        if method == "scale" and isinstance(receiver, Unknown) and len(args) == 1:
+            # ``scaler.scale(loss).backward()`` (AMP): the scaled loss is the loss.
+            scaled = self.eval(args[0].value)
+            if isinstance(scaled, (ir.Node, Choice)):
+                return scaled
+        if isinstance(receiver, (ir.Node, Choice, Flipped)) and not isinstance(receiver, ir.Opaque):
+            return self.method_op(method, receiver, args, kwargs, call)
+        if isinstance(receiver, Unknown):
+            if receiver.names == ("self",) and self.cls is not None:
+                found = self.context.project.method(self.cls, self.module, method)
+                if found is not None:
+                    return self.inline(found, call)
+            return self.unknown_method(call, method, receiver, args, kwargs)
+        return Unknown(code(call), (method,), call=True)
+
+    def mutate(
+        self,
+        name: str,
+        method: str,
+        args: list[cst.Arg],
+        kwargs: dict[str, cst.BaseExpression],
+        call: cst.Call,
+    ) -> bool:
+        """``rows.append(x)``, ``kl.mul_(mask)``, ``buffer.copy_(x)`` on a local:
+        the local becomes what the method makes of it. True when handled."""
+        current = self.env.get(name)
+        if method == "append" and isinstance(current, Seq) and args:
+            self.env[name] = Seq([*current.items, self.eval(args[0].value)], appended=True)
+            return True
+        if method in IN_PLACE and isinstance(current, (ir.Node, Choice)):
+            # ``kl.mul_(mask)``: the tensor becomes what the operation gives.
+            self.env[name] = self.method_op(IN_PLACE[method], current, args, kwargs, call)
+            return True
+        if method in MUTATING and name in self.env:
+            self.env[name] = Unknown(name, (name,))
+            return True
+        return False
+
+    def unknown_method(
+        self,
+        call: cst.Call,
+        method: str,
+        receiver: Unknown,
+        args: list[cst.Arg],
+        kwargs: dict[str, cst.BaseExpression],
+    ) -> Value:
+        """A method of a value kllint cannot compute: a tensor method once its
+        role is known, else evidence kept on the unknown result."""
+        if (
+            method in TENSOR_IDENTITY
+            or method in UNARY
+            or method in DETACHING
+            or method in ("sum", "mean", "clamp", "exp")
+        ):
+            node = self.resolve(receiver)
+            if isinstance(node, ir.Node) and not isinstance(node, ir.Opaque):
+                return self.method_op(method, node, args, kwargs, call)
+            if method in DETACHING:
+                return replace(receiver, text=code(call), detached=True)
+            if method == "gather":
+                return replace(receiver, distribution=False)
+            if method in TENSOR_IDENTITY:
+                return receiver
+        return self.unknown_call(call, method, receiver, args)
 
     def call_module_function(
         self,
@@ -1324,164 +1021,54 @@ class Interpreter:
         level = len(module) - len(module.lstrip("."))
         module = module.lstrip(".")
         if module == "functools" and name == "partial" and args:
-            function = self.eval(args[0].value)
-            if isinstance(function, Unknown) and function.module is not None:
-                function = self.project_function(function.module) or function
-            if isinstance(function, FuncRef):
-                return replace(
-                    function,
-                    preset_args=(*function.preset_args, *(self.eval(a.value) for a in args[1:])),
-                    preset_kwargs={
-                        **function.preset_kwargs,
-                        **{k: self.eval(v) for k, v in kwargs.items()},
-                    },
-                )
-        root = module.split(".")[0] if not level else ""
-        if root in ("torch", "numpy", "np", "math", "jax", "scipy") or (
-            not level and module.startswith("torch")
-        ):
-            if root != "torch":
-                return Unknown(
-                    _code(call), (name,), call=True, numpy=True
-                )  # no autograd through numpy & co.
-            if name in (
-                "kl_div",
-                "kl_divergence",
-                "cross_entropy",
-                "nll_loss",
-                "logsigmoid",
-                "sigmoid",
-                "softplus",
-                "binary_cross_entropy_with_logits",
-                "cat",
-            ):
-                return ir.Opaque(f"torch.{name}")
-            arg_values = [self.eval(a.value) for a in args]
-            kw_values = {k: self.eval(v) for k, v in kwargs.items()}
-            if (
-                name in ("max", "min", "maximum", "minimum")
-                and len(arg_values) == 2
-                and not kw_values
-            ):
-                second = arg_values[1]
-                if isinstance(second, (ir.Node, Choice)) and not (
-                    isinstance(second, ir.Const)
-                    and float(second.value).is_integer()
-                    and name in ("max", "min")
-                ):
-                    op = "max" if name in ("max", "maximum") else "min"
-                    return self.binary(op, arg_values[0], second, call)
-                return ir.Opaque(f"torch.{name}")
-            if name in ("max", "min", "maximum", "minimum"):
-                return ir.Opaque(f"torch.{name}")  # a reduction with indices, or unknown
-            if name == "where" and len(arg_values) == 3:
-                # torch.where(mask.bool(), values, 0.0): masking, values * mask.
-                # Any other condition (a clip, a comparison) stays opaque.
-                condition, chosen, other = arg_values
-                if isinstance(condition, ir.Node) and is_mask(condition):
-                    origin = self.origin(call)
-                    return self.lift2(
-                        chosen,
-                        other,
-                        lambda a, b: (
-                            ir.binary("mul", a, condition, origin)
-                            if isinstance(b, ir.Const) and b.value == 0
-                            else ir.binary(
-                                "add",
-                                ir.binary("mul", a, condition, origin),
-                                ir.binary(
-                                    "mul",
-                                    b,
-                                    ir.binary("sub", ir.Const(1.0), condition, origin),
-                                    origin,
-                                ),
-                                origin,
-                            )
-                        ),
-                        call,
-                    )
-                return ir.Opaque("torch.where")
-            if name == "mse_loss" and len(arg_values) >= 2:
-                # F.mse_loss(logp, ref) = mean((logp - ref) ** 2): twice k2.
-                reduction = kw_values.get("reduction", Py("mean"))
-                origin = self.origin(call)
-                squared = self.lift2(
-                    arg_values[0],
-                    arg_values[1],
-                    lambda a, b: ir.Unary("square", ir.binary("sub", a, b, origin), origin=origin),
-                    call,
-                )
-                if isinstance(reduction, Py) and reduction.value in ("mean", "sum"):
-                    kind = str(reduction.value)
-                    return self.lift1(
-                        squared, lambda n: ir.Reduce(kind, Axis.ALL, n, origin=origin), call
-                    )
-                return squared
-            if (
-                name in ("stack", "cat")
-                and arg_values
-                and isinstance(arg_values[0], Seq)
-                and arg_values[0].appended
-            ):
-                # Rows or steps collected in a loop, put back together.
-                rows = arg_values[0].items
-                if rows and all(same_value(row, rows[0]) or row is rows[0] for row in rows):
-                    return rows[0]
-                return Unknown(_code(call), ("stack",), call=True)
-            if name == "stack" and arg_values and isinstance(arg_values[0], Seq):
-                items = arg_values[0].items
-                if items and all(isinstance(i, (ir.Node, Choice)) for i in items):
-                    return arg_values[0]
-                return Unknown(_code(call), ("stack",), call=True)
-            if name == "zeros_like":
-                return ir.Const(0.0, origin=self.origin(call))
-            if name == "ones_like":
-                return ir.Const(1.0, origin=self.origin(call))
-            if (
-                name in ("tensor", "as_tensor", "scalar_tensor")
-                and arg_values
-                and isinstance(arg_values[0], ir.Const)
-            ):
-                return arg_values[0]
-            if name in LOGPROB_OPS or name == "log_softmax":
-                return self.logprob_call(call, name, args)
-            if arg_values:
-                return self.tensor_op(name, arg_values[0], arg_values[1:], kw_values, call)
-            return Unknown(_code(call), (name,), call=True)
-        imported = self.context.project.resolve_module(module, self.module.path, level)
-        if imported is None:
-            # ``from pkg.mod import fn`` where fn is a submodule attribute or unresolved
-            return self.named_call(name, call, args, kwargs, None)
-        if name in imported.functions:
-            return self.inline(FuncRef(imported.functions[name], imported), call)
-        if name in imported.imports:
-            target = imported.imports[name]
-            if target.name is not None:
-                resolved = self.context.project.resolve_module(
-                    target.module, imported.path, target.level
-                )
-                if resolved is not None and target.name in resolved.functions:
-                    return self.inline(FuncRef(resolved.functions[target.name], resolved), call)
+            partial = self.partial(args, kwargs)
+            if partial is not None:
+                return partial
+        namespace = lowering.namespace(module, level)
+        if namespace == "no-autograd":
+            return Unknown(code(call), (name,), call=True, numpy=True)
+        if namespace == "torch":
+            return self.call_torch(name, call, args, kwargs)
+        ref = self.context.project.function(module, name, self.module.path, level)
+        if ref is not None:
+            return self.inline(ref, call)
+        # ``from pkg.mod import fn`` where fn is a submodule attribute or unresolved
         return self.named_call(name, call, args, kwargs, None)
 
-    def project_function(self, dotted: str) -> FuncRef | None:
-        """``pkg.losses.kl_penalty`` (dots first for a relative import) as a
-        function of the project, following one re-export."""
-        level = len(dotted) - len(dotted.lstrip("."))
-        module_name, _, name = dotted.lstrip(".").rpartition(".")
-        imported = self.context.project.resolve_module(module_name, self.module.path, level)
-        if imported is None:
-            return None
-        if name in imported.functions:
-            return FuncRef(imported.functions[name], imported)
-        target = imported.imports.get(name)
-        if target is not None and target.name is not None:
-            resolved = self.context.project.resolve_module(
-                target.module, imported.path, target.level
+    def partial(self, args: list[cst.Arg], kwargs: dict[str, cst.BaseExpression]) -> FuncRef | None:
+        """``functools.partial(kl_penalty, kind="mse")``: the function with
+        arguments given in advance."""
+        function = self.eval(args[0].value)
+        if isinstance(function, Unknown) and function.module is not None:
+            function = (
+                self.context.project.function_at(function.module, self.module.path) or function
             )
-            if resolved is not None and target.name in resolved.functions:
-                return FuncRef(resolved.functions[target.name], resolved)
-        return None
+        if not isinstance(function, FuncRef):
+            return None
+        return replace(
+            function,
+            preset_args=(*function.preset_args, *(self.eval(a.value) for a in args[1:])),
+            preset_kwargs={
+                **function.preset_kwargs,
+                **{k: self.eval(v) for k, v in kwargs.items()},
+            },
+        )
+
+    def call_torch(
+        self,
+        name: str,
+        call: cst.Call,
+        args: list[cst.Arg],
+        kwargs: dict[str, cst.BaseExpression],
+    ) -> Value:
+        """``torch.name(...)``, ``F.name(...)``: the torch vocabulary's lowering."""
+        if name in lowering.OPAQUE_FUNCTIONS:
+            return ir.Opaque(f"torch.{name}")
+        arg_values = [self.eval(a.value) for a in args]
+        kw_values = {k: self.eval(v) for k, v in kwargs.items()}
+        if name in LOGPROB_OPS or name == "log_softmax":
+            return self.logprob_call(call, name, args)
+        return lowering.torch_function(self.torch_call(call), name, arg_values, kw_values)
 
     def named_call(
         self,
@@ -1496,26 +1083,26 @@ class Interpreter:
             kw = {k: self.eval(v) for k, v in kwargs.items()}
             mask = values[1] if len(values) > 1 else kw.get("mask", kw.get("loss_mask"))
             dim = values[2] if len(values) > 2 else kw.get("dim", kw.get("axis"))
-            axis = _axis(dim)
+            axis = lowering.axis(dim)
             kind = "sum" if "sum" in name else "mean"
             origin = self.origin(call)
-            mask_node = self.as_node(mask, call) if mask is not None else None
+            mask_node = self.as_node(mask) if mask is not None else None
             return self.lift1(
-                values[0], lambda n: ir.Reduce(kind, axis, n, mask_node, origin=origin), call
+                values[0], lambda n: ir.Reduce(kind, axis, n, mask_node, origin=origin)
             )
         if roles.is_logprob_name(name) or name in LOGPROB_OPS or "log_softmax" in name:
             return self.logprob_call(call, name, args)
         credited = self.advantage_estimator(name, call)
         if credited is not None:
             return credited
-        return Unknown(_code(call), (name,), call=True, reference_model=self._reference_args(call))
+        return Unknown(code(call), (name,), call=True, reference_model=self._reference_args(call))
 
     def advantage_estimator(self, name: str, call: cst.Call) -> ir.Node | None:
         """An advantage/return estimator kllint cannot read (``compute_gae`` passed
         in, from another library) given per-token rewards that contain a KL:
         modelled as the reward-to-go of those rewards, which is what GAE with
         gamma = lambda = 1 computes (a critic baseline adds no expected gradient)."""
-        if not roles.has_words(name, _ADVANTAGE_ESTIMATOR_WORDS):
+        if not roles.has_words(name, roles.ADVANTAGE_ESTIMATOR_WORDS):
             return None
         for arg in call.args:
             value = self.eval(arg.value)
@@ -1524,14 +1111,14 @@ class Interpreter:
         return None
 
     def _reference_args(self, call: cst.Call) -> bool:
-        names = [n for a in call.args for n in _chain_names(a.value)]
-        func_names = _chain_names(call.func)
+        names = [n for a in call.args for n in chain_names(a.value)]
+        func_names = chain_names(call.func)
         return self.context.role_patterns.is_reference_model(names + func_names)
 
     def logprob_call(self, call: cst.Call, name: str, args: list[cst.Arg]) -> Value:
-        hints = [n for a in args[:1] for n in _chain_names(a.value)]
+        hints = [n for a in args[:1] for n in chain_names(a.value)]
         return Unknown(
-            _code(call),
+            code(call),
             (name, *hints),
             call=True,
             reference_model=self._reference_args(call),
@@ -1551,10 +1138,10 @@ class Interpreter:
                 else args_value
             )
         if method in ("size", "numel", "dim") and receiver.module is None:
-            return ir.Atom(Role.COEFFICIENT, _code(call))
+            return ir.Atom(Role.COEFFICIENT, code(call))
         if method == "log_prob":
             return Unknown(
-                _code(call),
+                code(call),
                 (*receiver.names, "log_prob"),
                 call=True,
                 reference_model=self.context.role_patterns.is_reference_model(receiver.names),
@@ -1575,7 +1162,7 @@ class Interpreter:
         if credited is not None:
             return credited
         return Unknown(
-            _code(call),
+            code(call),
             (*receiver.names, method),
             call=True,
             reference_model=self._reference_args(call)
@@ -1585,7 +1172,7 @@ class Interpreter:
     def inline(self, ref: FuncRef, call: cst.Call) -> Value:
         key = id(ref.node)
         if self.depth >= MAX_DEPTH or key in self.stack:
-            return Unknown(_code(call), (ref.node.name.value,), call=True)
+            return Unknown(code(call), (ref.node.name.value,), call=True)
         bound: dict[str, Value] = {}
         params = ref.node.params
         positional = [*params.posonly_params, *params.params]
@@ -1602,7 +1189,7 @@ class Interpreter:
         bound.update(ref.preset_kwargs)
         for arg in call.args:
             if arg.star:
-                return Unknown(_code(call), (ref.node.name.value,), call=True)
+                return Unknown(code(call), (ref.node.name.value,), call=True)
             value = self.eval(arg.value)
             if arg.keyword is not None:
                 bound[arg.keyword.value] = value
@@ -1613,7 +1200,7 @@ class Interpreter:
         if self.call_site is None:
             site = ir.Origin(
                 self.context.path,
-                helper=_helper_label(ref, self.context),
+                helper=helper_label(ref),
                 cst_node=call,
                 helper_node=ref.node,
             )
@@ -1660,105 +1247,18 @@ class Interpreter:
         call: cst.Call,
     ) -> Value:
         """``receiver.name(*args, **kwargs)`` on a tensor, arguments evaluated."""
-        return self.tensor_op(
+        return lowering.tensor_method(
+            self.torch_call(call),
             name,
             receiver,
             [self.eval(a.value) for a in args],
             {k: self.eval(v) for k, v in kwargs.items()},
-            call,
         )
-
-    def gathered(self, value: Value, call: cst.Call) -> Value:
-        """``log_probs.gather(-1, ids)``: the log-prob of the sampled token."""
-        if isinstance(value, Unknown):
-            return replace(value, distribution=False)
-        return self.lift1(value, to_token_level, call)
-
-    def tensor_op(
-        self,
-        name: str,
-        receiver: Value,
-        args: list[Value],
-        kwargs: dict[str, Value],
-        call: cst.Call,
-    ) -> Value:
-        origin = self.origin(call)
-        if name == "gather":
-            return self.gathered(receiver, call)
-        if name in TENSOR_IDENTITY:
-            return receiver
-        if name in DETACHING:
-            return self.lift1(receiver, lambda n: ir.detach(n, origin), call)
-        if name in UNARY:
-            op = UNARY[name]
-            return self.lift1(
-                receiver,
-                lambda n: ir.neg(n, origin) if op == "neg" else ir.Unary(op, n, origin=origin),
-                call,
-            )
-        if name in BINARY_METHODS:
-            other = args[0] if args else kwargs.get("other", kwargs.get("exponent", Py(None)))
-            return self.binary(BINARY_METHODS[name], receiver, other, call)
-        if name in ("clamp", "clip", "clamp_min", "clamp_max", "clip_"):
-            low = kwargs.get("min", args[0] if args else None)
-            high = kwargs.get("max", args[1] if len(args) > 1 else None)
-            if name == "clamp_max":
-                low, high = None, low
-            lo, hi = _float(low), _float(high)
-            return self.lift1(receiver, lambda n: ir.Clamp(n, lo, hi, origin=origin), call)
-        if name in ("sum", "mean", "nansum", "nanmean"):
-            dim = kwargs.get("dim", kwargs.get("axis", args[0] if args else None))
-            kind = "sum" if "sum" in name else "mean"
-            axis = _axis(dim)
-            if axis is Axis.TIME and has_distribution(receiver):
-                return self.lift1(receiver, lambda n: vocabulary_expectation(kind, n, origin), call)
-            if isinstance(receiver, Flipped):
-                receiver = receiver.node if axis is not Axis.BATCH else receiver
-            return self.lift1(receiver, lambda n: ir.Reduce(kind, axis, n, origin=origin), call)
-        if name == "cumsum":
-            if isinstance(receiver, Flipped):
-                return Flipped(ir.CumSum(receiver.node, reverse=True, origin=origin))
-            return self.lift1(receiver, lambda n: ir.CumSum(n, reverse=False, origin=origin), call)
-        if name in ("flip", "fliplr"):
-            if isinstance(receiver, Flipped):
-                return receiver.node
-            if isinstance(receiver, ir.Node):
-                return Flipped(receiver)
-            return ir.Opaque("flip")
-        if name in ("log_softmax", "softmax"):
-            return ir.Opaque(name)
-        if name in ("size", "numel", "dim"):
-            return ir.Atom(Role.COEFFICIENT, _code(call))
-        if name in ("item",):
-            return self.lift1(receiver, lambda n: ir.detach(n, origin), call)
-        return ir.Opaque(f".{name}()")
 
 
 # --------------------------------------------------------------------- helpers
 
 _BINOPS = {"Add": "add", "Subtract": "sub", "Multiply": "mul", "Divide": "div", "Power": "pow"}
-_SELECTOR_WORDS = frozenset(
-    {"kind", "estimator", "estimate", "variant", "approx", "approximation", "kl"}
-)
-_ADVANTAGE_ESTIMATOR_WORDS = frozenset(
-    {"gae", "advantage", "advantages", "return", "returns", "rtg"}
-)
-_CONFIG_WORDS = frozenset(
-    {
-        "config",
-        "cfg",
-        "args",
-        "opt",
-        "opts",
-        "hparams",
-        "params",
-        "conf",
-        "settings",
-        "options",
-        "training",
-        "hyperparams",
-    }
-)
 
 
 def _compare(operator: cst.BaseCompOp, left: Value, right: Value) -> bool | None:
@@ -1801,35 +1301,6 @@ def _compare(operator: cst.BaseCompOp, left: Value, right: Value) -> bool | None
     except TypeError:
         return None
     return None
-
-
-def _axis(dim: Value | None) -> Axis:
-    if dim is None or (isinstance(dim, Py) and dim.value is None):
-        return Axis.ALL
-    value: object = dim.value if isinstance(dim, (Py, ir.Const)) else None
-    if isinstance(dim, Seq):
-        return Axis.ALL
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return Axis.BATCH if int(value) == 0 else Axis.TIME
-    return Axis.TIME
-
-
-def _float(value: Value | None) -> float | None:
-    if isinstance(value, ir.Const):
-        return value.value
-    if (
-        isinstance(value, Py)
-        and isinstance(value.value, (int, float))
-        and not isinstance(value.value, bool)
-    ):
-        return float(value.value)
-    return None
-
-
-def _descendants(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
-    yield node
-    for child in node.children:
-        yield from _descendants(child)
 
 
 def _time_loop_direction(statement: cst.For | cst.While) -> str | None:
@@ -1889,85 +1360,17 @@ def _lambda_as_function(node: cst.Lambda) -> cst.FunctionDef:
     return function
 
 
-def _is_one_log_prob(value: Value) -> bool:
-    """A value that is one policy (or behaviour) log-prob, possibly detached."""
-    if not isinstance(value, ir.Node):
-        return False
-    atoms = {(a.role, a.name) for a in value.atoms()}
-    return len(atoms) == 1 and next(iter(atoms))[0] in (Role.POLICY_LOGP, Role.OLD_LOGP)
-
-
-def _class_constant(module: ModuleInfo, class_name: str, attr: str) -> Py | None:
-    info = module.classes.get(class_name)
-    if info is None:
-        return None
-    for statement in info.node.body.body:
-        if not isinstance(statement, cst.SimpleStatementLine):
-            continue
-        for small in statement.body:
-            target = None
-            if isinstance(small, cst.Assign) and len(small.targets) == 1:
-                target, value = small.targets[0].target, small.value
-            elif isinstance(small, cst.AnnAssign) and small.value is not None:
-                target, value = small.target, small.value
-            if isinstance(target, cst.Name) and target.value == attr:
-                if isinstance(value, cst.SimpleString) and isinstance(value.evaluated_value, str):
-                    return Py(value.evaluated_value)
-                if isinstance(value, cst.Integer):
-                    return Py(int(value.value, 0))
-    return None
-
-
-def _annotation_of(fn: cst.FunctionDef, name: str) -> cst.BaseExpression | None:
-    params = fn.params
-    for param in [*params.posonly_params, *params.params, *params.kwonly_params]:
-        if param.name.value == name and param.annotation is not None:
-            return param.annotation.annotation
-    return None
-
-
-def _is_selector_literal(expr: cst.BaseExpression) -> bool:
-    return isinstance(expr, (cst.SimpleString, cst.Integer)) or (
-        isinstance(expr, cst.Name) and expr.value in ("True", "False")
-    )
-
-
 def _decorated_no_grad(fn: cst.FunctionDef) -> bool:
     for decorator in fn.decorators:
         expr = decorator.decorator
         name = dotted_name(expr.func) if isinstance(expr, cst.Call) else dotted_name(expr)
-        if name is not None and name.split(".")[-1] in _NO_GRAD:
+        if name is not None and name.split(".")[-1] in NO_GRAD:
             return True
     return False
 
 
-def _is_container_chain(names: tuple[str, ...]) -> bool:
-    return any(w in roles.CONTAINER_WORDS for n in names for w in roles.words(n))
-
-
-def _chain_names(expr: cst.BaseExpression) -> list[str]:
-    if isinstance(expr, cst.Name):
-        return [expr.value]
-    if isinstance(expr, cst.Attribute):
-        return [*_chain_names(expr.value), expr.attr.value]
-    if isinstance(expr, cst.Subscript):
-        key = _string_key(expr)
-        return [*_chain_names(expr.value), *([key] if key else [])]
-    if isinstance(expr, cst.Call):
-        return _chain_names(expr.func)
-    return []
-
-
-def _string_key(expr: cst.Subscript) -> str | None:
-    if len(expr.slice) == 1 and isinstance(expr.slice[0].slice, cst.Index):
-        inner = expr.slice[0].slice.value
-        if isinstance(inner, cst.SimpleString):
-            value = inner.evaluated_value
-            return value if isinstance(value, str) else None
-    return None
-
-
-def _helper_label(ref: FuncRef, context: FileContext) -> str:
+def helper_label(ref: FuncRef) -> str:
+    """How a helper is named in messages: ``name`` (path:line)."""
     path = ref.module.path
     try:
         shown = path.relative_to(Path.cwd()).as_posix()
@@ -1979,35 +1382,6 @@ def _helper_label(ref: FuncRef, context: FileContext) -> str:
         if line
         else f"`{ref.node.name.value}` ({shown})"
     )
-
-
-_EMPTY_MODULE = cst.Module(body=[])
-
-
-def _code(node: cst.CSTNode) -> str:
-    """A short spelling of an expression for messages and evidence: names and
-    attribute chains in full, calls and subscripts abbreviated. Generating the
-    code of every unknown value in full cost more than parsing the file."""
-    if isinstance(node, (cst.Name, cst.Attribute)):
-        dotted = dotted_name(node)
-        if dotted is not None:
-            return dotted
-    if isinstance(node, cst.Call):
-        return f"{_code(node.func)}(...)"
-    if isinstance(node, cst.Subscript):
-        key = _string_key(node)
-        return f"{_code(node.value)}[{key!r}]" if key is not None else f"{_code(node.value)}[...]"
-    if isinstance(node, (cst.Integer, cst.Float, cst.SimpleString)):
-        return node.value
-    return _full_code(node)
-
-
-def _full_code(node: cst.CSTNode) -> str:
-    try:
-        text = _EMPTY_MODULE.code_for_node(node)
-    except Exception:  # pragma: no cover - code generation of a partial node
-        return type(node).__name__
-    return " ".join(text.split())
 
 
 _CALL = re.compile(

@@ -1,12 +1,37 @@
-"""How torch operations lower to the KL IR: the tables of tensor methods and
-functions, and the lowerings that are not one IR operation (masking with
-``torch.where``, exact divergences over the vocabulary)."""
+"""The torch vocabulary: how torch functions and tensor methods lower to the
+KL IR. Registries map a spelling to its lowering (a new spelling is one
+entry), and the lowerings that are not one IR operation live here too
+(masking with ``torch.where``, ``F.mse_loss``, exact divergences over the
+vocabulary).
+
+Every lowering is a function over already-evaluated values: it gets a
+``TorchCall`` (where the call is, how to spell it, and how to turn any value
+into an IR node) and never evaluates code itself."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import libcst as cst
+
 from kllint.analysis import ir
-from kllint.analysis.ir import Role
-from kllint.analysis.values import Choice, Value
+from kllint.analysis.ir import Axis, Role
+from kllint.analysis.syntax import code
+from kllint.analysis.values import (
+    Choice,
+    Flipped,
+    NodeOf,
+    Py,
+    Seq,
+    Unknown,
+    Value,
+    binary,
+    has_distribution,
+    lift1,
+    lift2,
+    same_value,
+)
 
 TENSOR_IDENTITY = frozenset(
     {
@@ -122,20 +147,339 @@ AGGREGATORS = frozenset(
 )
 
 
+@dataclass
+class TorchCall:
+    """One call of a torch function or tensor method, its arguments evaluated."""
+
+    origin: ir.Origin
+    node: cst.CSTNode  # the call, for spelling
+    as_node: NodeOf
+
+    @property
+    def code(self) -> str:
+        return code(self.node)
+
+    def lift1(self, value: Value, fn: Callable[[ir.Node], ir.Node]) -> Value:
+        return lift1(value, fn, self.as_node)
+
+    def lift2(self, left: Value, right: Value, fn: Callable[[ir.Node, ir.Node], ir.Node]) -> Value:
+        return lift2(left, right, fn, self.as_node)
+
+    def binary(self, op: str, left: Value, right: Value) -> Value:
+        return binary(op, left, right, self.origin, self.as_node)
+
+
+Args = list[Value]
+Kwargs = dict[str, Value]
+MethodLowering = Callable[[TorchCall, Value, Args, Kwargs], Value]
+# A torch function's lowering; None: lower it as the tensor method of its first argument.
+FunctionLowering = Callable[[TorchCall, Args, Kwargs], "Value | None"]
+
+# ``with torch.no_grad():`` and ``@torch.inference_mode()``: nothing computed inside has a gradient.
+NO_GRAD = frozenset({"no_grad", "inference_mode"})
+# Modules without autograd: nothing computed there carries a gradient.
+NON_AUTOGRAD_MODULES = frozenset({"numpy", "np", "math", "jax", "scipy"})
+# Torch functions whose result is no KL estimate kllint models.
+OPAQUE_FUNCTIONS = frozenset(
+    {
+        "kl_div",
+        "kl_divergence",
+        "cross_entropy",
+        "nll_loss",
+        "logsigmoid",
+        "sigmoid",
+        "softplus",
+        "binary_cross_entropy_with_logits",
+        "cat",
+    }
+)
+
+
+def namespace(module: str, level: int) -> str | None:
+    """``"torch"`` for torch and its submodules, ``"no-autograd"`` for NumPy &
+    co., None for anything else (a module of the project)."""
+    if level:
+        return None
+    root = module.split(".")[0]
+    if root == "torch":
+        return "torch"
+    if root in NON_AUTOGRAD_MODULES or module.startswith("torch"):
+        return "no-autograd"  # torchvision, torchaudio & co. are not modelled
+    return None
+
+
+# ----------------------------------------------------------------- tensor methods
+
+
+def axis(dim: Value | None) -> Axis:
+    """The axis a ``dim=`` argument reduces: 0 the batch, others time."""
+    if dim is None or (isinstance(dim, Py) and dim.value is None):
+        return Axis.ALL
+    value: object = dim.value if isinstance(dim, (Py, ir.Const)) else None
+    if isinstance(dim, Seq):
+        return Axis.ALL
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return Axis.BATCH if int(value) == 0 else Axis.TIME
+    return Axis.TIME
+
+
+def _float(value: Value | None) -> float | None:
+    if isinstance(value, ir.Const):
+        return value.value
+    if (
+        isinstance(value, Py)
+        and isinstance(value.value, (int, float))
+        and not isinstance(value.value, bool)
+    ):
+        return float(value.value)
+    return None
+
+
+def gathered(at: TorchCall, receiver: Value) -> Value:
+    """``log_probs.gather(-1, ids)``: the log-prob of the sampled token."""
+    if isinstance(receiver, Unknown):
+        return replace(receiver, distribution=False)
+    return at.lift1(receiver, to_token_level)
+
+
+def _identity(at: TorchCall, receiver: Value, args: Args, kwargs: Kwargs) -> Value:
+    return receiver
+
+
+def _detach(at: TorchCall, receiver: Value, args: Args, kwargs: Kwargs) -> Value:
+    origin = at.origin
+    return at.lift1(receiver, lambda n: ir.detach(n, origin))
+
+
+def _unary(op: str) -> MethodLowering:
+    def lower(at: TorchCall, receiver: Value, args: Args, kwargs: Kwargs) -> Value:
+        origin = at.origin
+        return at.lift1(
+            receiver,
+            lambda n: ir.neg(n, origin) if op == "neg" else ir.Unary(op, n, origin=origin),
+        )
+
+    return lower
+
+
+def _binary(op: str) -> MethodLowering:
+    def lower(at: TorchCall, receiver: Value, args: Args, kwargs: Kwargs) -> Value:
+        other = args[0] if args else kwargs.get("other", kwargs.get("exponent", Py(None)))
+        return at.binary(op, receiver, other)
+
+    return lower
+
+
+def _clamp(name: str) -> MethodLowering:
+    def lower(at: TorchCall, receiver: Value, args: Args, kwargs: Kwargs) -> Value:
+        low = kwargs.get("min", args[0] if args else None)
+        high = kwargs.get("max", args[1] if len(args) > 1 else None)
+        if name == "clamp_max":
+            low, high = None, low
+        lo, hi = _float(low), _float(high)
+        origin = at.origin
+        return at.lift1(receiver, lambda n: ir.Clamp(n, lo, hi, origin=origin))
+
+    return lower
+
+
+def _reduce(name: str) -> MethodLowering:
+    kind = "sum" if "sum" in name else "mean"
+
+    def lower(at: TorchCall, receiver: Value, args: Args, kwargs: Kwargs) -> Value:
+        dim = kwargs.get("dim", kwargs.get("axis", args[0] if args else None))
+        reduced = axis(dim)
+        origin = at.origin
+        if reduced is Axis.TIME and has_distribution(receiver):
+            return at.lift1(receiver, lambda n: vocabulary_expectation(kind, n, origin))
+        if isinstance(receiver, Flipped):
+            receiver = receiver.node if reduced is not Axis.BATCH else receiver
+        return at.lift1(receiver, lambda n: ir.Reduce(kind, reduced, n, origin=origin))
+
+    return lower
+
+
+def _cumsum(at: TorchCall, receiver: Value, args: Args, kwargs: Kwargs) -> Value:
+    origin = at.origin
+    if isinstance(receiver, Flipped):
+        return Flipped(ir.CumSum(receiver.node, reverse=True, origin=origin))
+    return at.lift1(receiver, lambda n: ir.CumSum(n, reverse=False, origin=origin))
+
+
+def _flip(at: TorchCall, receiver: Value, args: Args, kwargs: Kwargs) -> Value:
+    if isinstance(receiver, Flipped):
+        return receiver.node
+    if isinstance(receiver, ir.Node):
+        return Flipped(receiver)
+    return ir.Opaque("flip")
+
+
+def _opaque(name: str) -> MethodLowering:
+    return lambda at, receiver, args, kwargs: ir.Opaque(name)
+
+
+def _size(at: TorchCall, receiver: Value, args: Args, kwargs: Kwargs) -> Value:
+    # Sizes are positive constants: a normaliser, not a gradient path.
+    return ir.Atom(Role.COEFFICIENT, at.code)
+
+
+def _gather(at: TorchCall, receiver: Value, args: Args, kwargs: Kwargs) -> Value:
+    return gathered(at, receiver)
+
+
+def _method_registry() -> dict[str, MethodLowering]:
+    """Earlier entries win: ``gather`` keeps the token it selects although it
+    also keeps the tensor's role, ``item`` detaches."""
+    registry: dict[str, MethodLowering] = {"gather": _gather}
+    for name in TENSOR_IDENTITY:
+        registry.setdefault(name, _identity)
+    for name in DETACHING:
+        registry.setdefault(name, _detach)
+    for name, op in UNARY.items():
+        registry.setdefault(name, _unary(op))
+    for name, op in BINARY_METHODS.items():
+        registry.setdefault(name, _binary(op))
+    for name in ("clamp", "clip", "clamp_min", "clamp_max", "clip_"):
+        registry.setdefault(name, _clamp(name))
+    for name in ("sum", "mean", "nansum", "nanmean"):
+        registry.setdefault(name, _reduce(name))
+    registry.setdefault("cumsum", _cumsum)
+    registry.setdefault("flip", _flip)
+    registry.setdefault("fliplr", _flip)
+    for name in ("log_softmax", "softmax"):
+        registry.setdefault(name, _opaque(name))
+    for name in ("size", "numel", "dim"):
+        registry.setdefault(name, _size)
+    registry.setdefault("item", _detach)
+    return registry
+
+
+TENSOR_METHODS: dict[str, MethodLowering] = _method_registry()
+
+
+def tensor_method(at: TorchCall, name: str, receiver: Value, args: Args, kwargs: Kwargs) -> Value:
+    """``receiver.name(*args, **kwargs)`` on a tensor."""
+    lowering = TENSOR_METHODS.get(name)
+    if lowering is None:
+        return ir.Opaque(f".{name}()")
+    return lowering(at, receiver, args, kwargs)
+
+
+# ----------------------------------------------------------------- torch functions
+
+
+def _extremum(name: str) -> FunctionLowering:
+    op = "max" if name in ("max", "maximum") else "min"
+
+    def lower(at: TorchCall, args: Args, kwargs: Kwargs) -> Value | None:
+        if len(args) == 2 and not kwargs:
+            second = args[1]
+            if isinstance(second, (ir.Node, Choice)) and not (
+                isinstance(second, ir.Const)
+                and float(second.value).is_integer()
+                and name in ("max", "min")
+            ):
+                return at.binary(op, args[0], second)
+        return ir.Opaque(f"torch.{name}")  # a reduction with indices, or unknown
+
+    return lower
+
+
+def _where(at: TorchCall, args: Args, kwargs: Kwargs) -> Value | None:
+    """torch.where(mask.bool(), values, 0.0): masking, values * mask.
+    Any other condition (a clip, a comparison) stays opaque."""
+    if len(args) != 3:
+        return None
+    condition, chosen, other = args
+    if not (isinstance(condition, ir.Node) and is_mask(condition)):
+        return ir.Opaque("torch.where")
+    origin = at.origin
+
+    def masked(a: ir.Node, b: ir.Node) -> ir.Node:
+        kept = ir.binary("mul", a, condition, origin)
+        if isinstance(b, ir.Const) and b.value == 0:
+            return kept
+        rest = ir.binary("mul", b, ir.binary("sub", ir.Const(1.0), condition, origin), origin)
+        return ir.binary("add", kept, rest, origin)
+
+    return at.lift2(chosen, other, masked)
+
+
+def _mse_loss(at: TorchCall, args: Args, kwargs: Kwargs) -> Value | None:
+    """F.mse_loss(logp, ref) = mean((logp - ref) ** 2): twice k2."""
+    if len(args) < 2:
+        return None
+    reduction = kwargs.get("reduction", Py("mean"))
+    origin = at.origin
+    squared = at.lift2(
+        args[0],
+        args[1],
+        lambda a, b: ir.Unary("square", ir.binary("sub", a, b, origin), origin=origin),
+    )
+    if isinstance(reduction, Py) and reduction.value in ("mean", "sum"):
+        kind = str(reduction.value)
+        return at.lift1(squared, lambda n: ir.Reduce(kind, Axis.ALL, n, origin=origin))
+    return squared
+
+
+def _stack(at: TorchCall, args: Args, kwargs: Kwargs) -> Value | None:
+    if not args or not isinstance(args[0], Seq):
+        return None
+    rows = args[0].items
+    if args[0].appended:
+        # Rows or steps collected in a loop, put back together.
+        if rows and all(same_value(row, rows[0]) or row is rows[0] for row in rows):
+            return rows[0]
+    elif rows and all(isinstance(i, (ir.Node, Choice)) for i in rows):
+        return args[0]
+    return Unknown(at.code, ("stack",), call=True)
+
+
+def _constant(value: float) -> FunctionLowering:
+    return lambda at, args, kwargs: ir.Const(value, origin=at.origin)
+
+
+def _tensor(at: TorchCall, args: Args, kwargs: Kwargs) -> Value | None:
+    return args[0] if args and isinstance(args[0], ir.Const) else None
+
+
+TORCH_FUNCTIONS: dict[str, FunctionLowering] = {
+    "max": _extremum("max"),
+    "min": _extremum("min"),
+    "maximum": _extremum("maximum"),
+    "minimum": _extremum("minimum"),
+    "where": _where,
+    "mse_loss": _mse_loss,
+    "stack": _stack,
+    "zeros_like": _constant(0.0),
+    "ones_like": _constant(1.0),
+    "tensor": _tensor,
+    "as_tensor": _tensor,
+    "scalar_tensor": _tensor,
+}
+
+
+def torch_function(at: TorchCall, name: str, args: Args, kwargs: Kwargs) -> Value:
+    """``torch.name(*args, **kwargs)`` (or ``F.name``), not a log-prob op:
+    its own lowering, else the tensor method of its first argument."""
+    lowering = TORCH_FUNCTIONS.get(name)
+    lowered = lowering(at, args, kwargs) if lowering is not None else None
+    if lowered is not None:
+        return lowered
+    if args:
+        return tensor_method(at, name, args[0], args[1:], kwargs)
+    return Unknown(at.code, (name,), call=True)
+
+
+# ----------------------------------------------------------------- lowerings
+
+
 def is_mask(node: ir.Node) -> bool:
     atoms = list(node.atoms())
     return (
         bool(atoms)
         and all(a.role is Role.MASK for a in atoms)
         and not any(isinstance(n, ir.Opaque) for n in node.walk())
-    )
-
-
-def has_distribution(value: Value) -> bool:
-    nodes = [v for _, v in value.options] if isinstance(value, Choice) else [value]
-    return any(
-        isinstance(n, ir.Node) and any(a.level is ir.Level.DISTRIBUTION for a in n.atoms())
-        for n in nodes
     )
 
 

@@ -1,4 +1,5 @@
-"""The project index: modules parsed lazily, for helpers across files, and the
+"""The project index: modules parsed lazily, the functions, classes and
+methods a call names (re-exports followed in one place), and the
 configuration defaults (argparse, dataclass fields, YAML) a selector may read.
 
 Nothing here is a whole-program pass: a module is parsed the first time a
@@ -16,7 +17,8 @@ from pathlib import Path
 
 import libcst as cst
 
-from kllint.analysis.module import ModuleInfo
+from kllint.analysis.module import ClassInfo, ModuleInfo
+from kllint.analysis.values import FuncRef
 
 _SKIP_DIRS = {
     ".git",
@@ -132,6 +134,60 @@ class Project:
             for path in (target.with_suffix(".py"), target / "__init__.py"):
                 if path.is_file():
                     return self.module_at(path)
+        return None
+
+    # ------------------------------------------------------------ names
+
+    def function(self, module: str, name: str, importer: Path, level: int = 0) -> FuncRef | None:
+        """The function ``name`` of module ``module`` as imported from
+        ``importer``, following one re-export (``from .core import f`` in a
+        package's ``__init__``)."""
+        imported = self.resolve_module(module, importer, level)
+        if imported is None:
+            return None
+        if name in imported.functions:
+            return FuncRef(imported.functions[name], imported)
+        target = imported.imports.get(name)
+        if target is not None and target.name is not None:
+            resolved = self.resolve_module(target.module, imported.path, target.level)
+            if resolved is not None and target.name in resolved.functions:
+                return FuncRef(resolved.functions[target.name], resolved)
+        return None
+
+    def function_at(self, dotted: str, importer: Path) -> FuncRef | None:
+        """``pkg.losses.kl_penalty`` (leading dots for a relative import)."""
+        level = len(dotted) - len(dotted.lstrip("."))
+        module, _, name = dotted.lstrip(".").rpartition(".")
+        return self.function(module, name, importer, level)
+
+    def class_named(self, dotted: str, module: ModuleInfo) -> tuple[ClassInfo, ModuleInfo] | None:
+        """A class named in ``module``: defined there or imported from the project."""
+        head = dotted.split(".")[-1]
+        if head in module.classes:
+            return module.classes[head], module
+        imported = module.imports.get(head)
+        if imported is not None and imported.name is not None:
+            target = self.resolve_module(imported.module, module.path, imported.level)
+            if target is not None and imported.name in target.classes:
+                return target.classes[imported.name], target
+        return None
+
+    def method(self, cls: ClassInfo, module: ModuleInfo, name: str) -> FuncRef | None:
+        """``self.name`` in ``cls``: in the class, else in its base classes
+        (this module's or imported from the project), nearest first."""
+        seen: set[int] = set()
+        queue: list[tuple[ClassInfo, ModuleInfo]] = [(cls, module)]
+        while queue:
+            current, where = queue.pop(0)
+            if id(current.node) in seen:
+                continue
+            seen.add(id(current.node))
+            if name in current.methods:
+                return FuncRef(current.methods[name], where, current, bound=True)
+            for base in current.bases:
+                found = self.class_named(base, where)
+                if found is not None:
+                    queue.append(found)
         return None
 
     # ------------------------------------------------------------ defaults

@@ -1,11 +1,13 @@
-"""Which tensor is the policy, the reference, the behaviour policy.
+"""Role evidence: which tensor is the policy, the reference, the behaviour
+policy, a mask, an advantage, a coefficient; and every word list used for it.
 
-Names are the weakest evidence and are used last. Stronger evidence, applied
-by the interpreter: a value computed under ``torch.no_grad()`` or
-``.detach()``-ed has no gradient whatever it is called; a tensor read from a
-stored rollout (``batch[...]``, ``experience.x``) has none either; a log-prob
-computed by a model called ``ref_model``/``reference``/``base``/``initial``
-is the reference's. This module only reads names and keys.
+Names are the weakest evidence and are used last. Stronger evidence, gathered
+by the interpreter on an ``Unknown`` value: a value computed under
+``torch.no_grad()`` or ``.detach()``-ed has no gradient whatever it is
+called; a tensor read from a stored rollout (``batch[...]``, ``experience.x``)
+has none either; a log-prob computed by a model called
+``ref_model``/``reference``/``base``/``initial`` is the reference's.
+``resolve`` weighs that evidence and turns an unknown value into an IR atom.
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kllint.analysis import ir
 from kllint.analysis.ir import Level, Role
+from kllint.analysis.values import Choice, Unknown, Value, has_distribution
 
 # Words are the pieces of an identifier split at underscores, dots, digits
 # and camelCase humps: "ref_per_token_logps" -> ref, per, token, logps.
@@ -275,3 +279,170 @@ def weight_role(name: str) -> Role | None:
     if has_words(name, COEFFICIENT_WORDS) or name.isupper():
         return Role.COEFFICIENT
     return None
+
+
+# An advantage or return estimator (``compute_gae``, ``get_returns``).
+ADVANTAGE_ESTIMATOR_WORDS = frozenset(
+    {"gae", "advantage", "advantages", "return", "returns", "rtg"}
+)
+# Log-probs per token of a sequence (evidence of a time axis).
+TOKEN_WORDS = frozenset(
+    {
+        "token",
+        "tokens",
+        "completion",
+        "completions",
+        "response",
+        "responses",
+        "generation",
+        "generated",
+    }
+)
+# The current policy named against a plain rollout log-prob (``new_logprobs``).
+CURRENT_WORDS = frozenset({"new", "cur", "curr", "current", "online", "updated"})
+# Two fixed responses compared (DPO/IPO): not an on-policy KL.
+PREFERENCE_WORDS = frozenset(
+    {"chosen", "rejected", "preferred", "dispreferred", "win", "lose", "winner", "loser"}
+)
+# Pieces of an identifier that names a log-prob, for the file prefilter.
+LOGPROB_PARTS = (
+    "logp",
+    "log_p",
+    "logprob",
+    "log_prob",
+    "logpi",
+    "log_pi",
+    "lprob",
+    "prob",
+    "pi_",
+    "_pi",
+    "lp_",
+    "_lp",
+)
+
+
+def names_reference_logprob(identifier: str) -> bool:
+    """``ref_log_probs``, ``base_action_log_probs``, ``pi_ref``: one identifier
+    that names a log-prob of a reference policy."""
+    lowered = identifier.lower()
+    return any(part in lowered for part in LOGPROB_PARTS) and any(
+        w in REFERENCE_WORDS for w in words(identifier)
+    )
+
+
+def from_container(names: tuple[str, ...]) -> bool:
+    """A chain read from stored rollout data (``batch["ref_logprobs"]``)."""
+    return any(w in CONTAINER_WORDS for n in names for w in words(n))
+
+
+def is_one_log_prob(value: Value) -> bool:
+    """A value that is one policy (or behaviour) log-prob, possibly detached."""
+    if not isinstance(value, ir.Node):
+        return False
+    atoms = {(a.role, a.name) for a in value.atoms()}
+    return len(atoms) == 1 and next(iter(atoms))[0] in (Role.POLICY_LOGP, Role.OLD_LOGP)
+
+
+def resolve(
+    unknown: Unknown,
+    patterns: RolePatterns,
+    target: str | None = None,
+    *,
+    keep_unknown: bool = False,
+    no_grad: bool = False,
+) -> Value:
+    """Decide what an unknown value is, from the strongest evidence first.
+    ``target`` is the name it is assigned to; ``no_grad`` whether it is
+    computed without gradient."""
+    if unknown.numpy:
+        return ir.Opaque(unknown.text)
+    name = target or unknown.text
+    role, name, prob = _logprob_evidence(unknown, patterns, target, name)
+    if role is None:
+        if keep_unknown:
+            return unknown
+        weight = weight_role(unknown.names[-1] if unknown.names else unknown.text)
+        if (
+            weight is Role.ADVANTAGE
+            and unknown.call
+            and not (unknown.stored or unknown.detached or no_grad)
+        ):
+            # ``values = self.value_head(hidden)``: a prediction with its own
+            # gradient (a critic), not a detached weight.
+            return ir.Opaque(unknown.text)
+        if weight is not None:
+            return ir.Atom(weight, unknown.text)
+        return ir.Opaque(unknown.text)
+    level = ir.Level.DISTRIBUTION if unknown.distribution else level_of(name)
+    atom: ir.Node = ir.Atom(role, name, level)
+    if prob:
+        atom = ir.Unary("exp", atom)
+    if unknown.stored or unknown.detached or no_grad:
+        atom = ir.detach(atom)
+    return atom
+
+
+def _logprob_evidence(
+    unknown: Unknown, patterns: RolePatterns, target: str | None, name: str
+) -> tuple[Role | None, str, bool]:
+    """The log-prob role of an unknown value (None: not a log-prob), the name
+    it goes by, and whether it is a probability rather than a log-prob."""
+    role: Role | None = None
+    prob = False
+    if target is not None and (
+        is_logprob_name(target) or is_prob_name(target) or patterns.logprob_role(target)
+    ):
+        role = patterns.logprob_role(target)
+        prob = is_prob_name(target) and not is_logprob_name(target)
+        if (
+            role is Role.POLICY_LOGP
+            and patterns.role_from_words(target) is None
+            and unknown.reference_model
+        ):
+            role = Role.REFERENCE_LOGP
+    if role is not None:
+        return role, name, prob
+    for hint in reversed(unknown.names):
+        hint_role = patterns.logprob_role(hint)
+        if hint_role is not None:
+            if hint_role is Role.POLICY_LOGP and unknown.reference_model:
+                hint_role = Role.REFERENCE_LOGP
+            prob = is_prob_name(hint) and not is_logprob_name(hint)
+            return hint_role, (hint if target is None else target), prob
+    if unknown.logprob_op and target is not None:
+        role = (
+            Role.REFERENCE_LOGP
+            if unknown.reference_model
+            else patterns.role_from_words(target) or Role.POLICY_LOGP
+        )
+    return role, name, prob
+
+
+def name_logprob(name: str, value: Value, patterns: RolePatterns, *, no_grad: bool) -> Value:
+    """A value assigned to a name like ``ref_log_prob``: what a helper did to
+    compute a log-prob (a model forward, a gather) does not matter, only
+    which policy it belongs to and whether it carries gradient. A value
+    that already involves the reference is a log-ratio and is kept."""
+    nodes = [v for _, v in value.options] if isinstance(value, Choice) else [value]
+    for n in nodes:
+        if not isinstance(n, ir.Node):
+            continue
+        atoms = {
+            (a.role, a.name)
+            for a in n.atoms()
+            if a.role in (Role.POLICY_LOGP, Role.OLD_LOGP, Role.REFERENCE_LOGP)
+        }
+        if len(atoms) >= 2 or n.has_role(Role.REFERENCE_LOGP) or has_distribution(n):
+            return value  # a log-ratio (``logprobs_diff = new - old``), not a log-prob
+    logprob_nodes = [
+        n
+        for n in nodes
+        if isinstance(n, ir.Node) and any(n.has_role(r) for r in (Role.POLICY_LOGP, Role.OLD_LOGP))
+    ]
+    detached = bool(logprob_nodes) and not any(ir.depends_on_policy(n) for n in logprob_nodes)
+    if patterns.logprob_role(name) is None and logprob_nodes:
+        # ``ref = reference_logprobs(...)``: a log-prob named by its role alone.
+        role = patterns.role_from_words(name) or Role.POLICY_LOGP
+        atom: ir.Node = ir.Atom(role, name, level_of(name))
+        return ir.detach(atom) if detached or no_grad else atom
+    return resolve(Unknown(name, (name,), call=True, detached=detached), patterns, no_grad=no_grad)

@@ -12,6 +12,8 @@ choices, but hidden from messages.
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import libcst as cst
@@ -91,6 +93,71 @@ class FuncRef:
 
 
 Value = ir.Node | Py | Choice | Seq | DictVal | Flipped | Unknown | FuncRef
+
+
+# ----------------------------------------------------------------- arithmetic
+
+NodeOf = Callable[[Value], ir.Node]  # any value as an IR node (the interpreter's ``as_node``)
+
+
+def lift1(value: Value, fn: Callable[[ir.Node], ir.Node], as_node: NodeOf) -> Value:
+    """An elementwise operation on a value: on each alternative of a choice."""
+    if isinstance(value, Choice):
+        return choice([(label, lift1(v, fn, as_node)) for label, v in value.options])
+    if isinstance(value, Flipped):
+        return Flipped(fn(value.node))  # elementwise ops commute with a flip
+    return fn(as_node(value))
+
+
+def lift2(
+    left: Value, right: Value, fn: Callable[[ir.Node, ir.Node], ir.Node], as_node: NodeOf
+) -> Value:
+    """A binary elementwise operation: on each consistent pair of alternatives."""
+    if isinstance(left, Choice) or isinstance(right, Choice):
+        lefts = left.options if isinstance(left, Choice) else [("", left)]
+        rights = right.options if isinstance(right, Choice) else [("", right)]
+        # Choices that come from the same branch are correlated: combine
+        # only the alternatives whose conditions are consistent.
+        combos = [
+            (label, a, b)
+            for (la, a), (lb, b) in itertools.product(lefts, rights)
+            if (label := join_conditions(la, lb)) is not None
+        ][:MAX_OPTIONS]
+        return choice([(label, lift2(a, b, fn, as_node)) for label, a, b in combos])
+    if isinstance(left, Flipped) and isinstance(right, Flipped):
+        return Flipped(fn(left.node, right.node))
+    if isinstance(left, Flipped) or isinstance(right, Flipped):
+        other = right if isinstance(left, Flipped) else left
+        other_node = as_node(other)
+        if not any(
+            a.role
+            in (ir.Role.POLICY_LOGP, ir.Role.REFERENCE_LOGP, ir.Role.OLD_LOGP, ir.Role.ADVANTAGE)
+            for a in other_node.atoms()
+        ):
+            # A mask or a coefficient broadcast over time commutes with the flip.
+            if isinstance(left, Flipped):
+                return Flipped(fn(left.node, other_node))
+            assert isinstance(right, Flipped)
+            return Flipped(fn(other_node, right.node))
+        return ir.Opaque("flipped tensor mixed with an unflipped one")
+    return fn(as_node(left), as_node(right))
+
+
+def binary(op: str, left: Value, right: Value, origin: ir.Origin, as_node: NodeOf) -> Value:
+    """``left op right``: string concatenation, else an IR operation."""
+    if isinstance(left, Py) and isinstance(right, Py) and op == "add":
+        if isinstance(left.value, str) and isinstance(right.value, str):
+            return Py(left.value + right.value)
+    return lift2(left, right, lambda a, b: ir.binary(op, a, b, origin), as_node)
+
+
+def has_distribution(value: Value) -> bool:
+    """Whether a value holds log-probs over the whole vocabulary (not gathered)."""
+    nodes = [v for _, v in value.options] if isinstance(value, Choice) else [value]
+    return any(
+        isinstance(n, ir.Node) and any(a.level is ir.Level.DISTRIBUTION for a in n.atoms())
+        for n in nodes
+    )
 
 
 def choice(options: list[tuple[str, Value]]) -> Value:

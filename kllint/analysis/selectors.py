@@ -1,0 +1,209 @@
+"""Selectors: where the value that picks an estimator comes from, and how a
+branch condition is labelled.
+
+A selector is a string or flag a branch tests (``kl_type == "low_var_kl"``).
+Its value comes, strongest evidence first, from a literal, a keyword default,
+an Enum or constants class member, the default of a typed config class
+(``config: TrainerConfig``), or the one default the package gives the setting
+(argparse, dataclass fields, YAML; see ``Project.config_defaults``). A branch
+condition is shown in messages only when it can select an estimator.
+Functions over CST nodes and already-evaluated values."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import libcst as cst
+
+from kllint.analysis import roles
+from kllint.analysis.module import ClassInfo, ModuleInfo, dotted_name
+from kllint.analysis.project import Project
+from kllint.analysis.syntax import descendants, full_code
+from kllint.analysis.values import HIDDEN, Py, Unknown
+
+# A name with one of these words, compared with a string, selects an estimator.
+SELECTOR_WORDS = frozenset(
+    {"kind", "estimator", "estimate", "variant", "approx", "approximation", "kl"}
+)
+# A condition mentioning one of these is about the KL itself.
+KL_CONDITION_PARTS = ("kl", "estimator", "penalty", "divergence")
+# ``config.x``, ``args.x``: an object whose attributes are settings.
+CONFIG_WORDS = frozenset(
+    {
+        "config",
+        "cfg",
+        "args",
+        "opt",
+        "opts",
+        "hparams",
+        "params",
+        "conf",
+        "settings",
+        "options",
+        "training",
+        "hyperparams",
+    }
+)
+
+
+def is_selector_literal(expr: cst.BaseExpression) -> bool:
+    """A keyword default that picks a branch for a function analysed on its own."""
+    return isinstance(expr, (cst.SimpleString, cst.Integer)) or (
+        isinstance(expr, cst.Name) and expr.value in ("True", "False")
+    )
+
+
+def selects_estimator(
+    subject: cst.CSTNode, compared: cst.CSTNode, text: str, *, in_helper: bool
+) -> bool:
+    """Whether a condition can select an estimator: it mentions the KL, or
+    compares a selector (``kind``, ``estimator``, any string test inside a
+    helper) with a string."""
+    lowered = text.lower()
+    if any(word in lowered for word in KL_CONDITION_PARTS):
+        return True
+    if not any(isinstance(n, cst.SimpleString) for n in descendants(compared)):
+        return False
+    if in_helper:
+        return True
+    names = {
+        w for n in descendants(subject) if isinstance(n, cst.Name) for w in roles.words(n.value)
+    }
+    return bool(names & SELECTOR_WORDS)
+
+
+def condition_label(test: cst.BaseExpression, *, in_helper: bool) -> str:
+    """A branch condition, shown in messages only when it can select an
+    estimator. A ``loss_type == "cispo"`` in the trainer around it is not shown."""
+    text = full_code(test)
+    return text if selects_estimator(test, test, text, in_helper=in_helper) else HIDDEN + text
+
+
+def default_note(subject: cst.BaseExpression, default: Py) -> str:
+    """How a resolved config default is explained in a finding."""
+    return f"{full_code(subject)} = {default.value!r} (the default in {default.source})"
+
+
+def class_constant(module: ModuleInfo, class_name: str, attr: str) -> Py | None:
+    """``KLEstimator.K3``: an Enum member or class constant stands for its value."""
+    info = module.classes.get(class_name)
+    if info is None:
+        return None
+    for statement in info.node.body.body:
+        if not isinstance(statement, cst.SimpleStatementLine):
+            continue
+        for small in statement.body:
+            target = None
+            if isinstance(small, cst.Assign) and len(small.targets) == 1:
+                target, value = small.targets[0].target, small.value
+            elif isinstance(small, cst.AnnAssign) and small.value is not None:
+                target, value = small.target, small.value
+            if isinstance(target, cst.Name) and target.value == attr:
+                if isinstance(value, cst.SimpleString) and isinstance(value.evaluated_value, str):
+                    return Py(value.evaluated_value)
+                if isinstance(value, cst.Integer):
+                    return Py(int(value.value, 0))
+    return None
+
+
+def config_default(
+    project: Project,
+    fs_path: Path,
+    module: ModuleInfo,
+    function: cst.FunctionDef | None,
+    cls: ClassInfo | None,
+    base: Unknown,
+    attr: str,
+) -> Py | None:
+    """``self.config.kl_loss_type`` and the like: the one default the
+    project gives that setting, if there is exactly one."""
+    if base.call or base.module is not None:
+        return None
+    typed = typed_default(project, module, function, cls, base.names, attr)
+    if typed is not None:
+        return typed
+    if not any(w in CONFIG_WORDS for n in base.names for w in roles.words(n)):
+        return None
+    defaults = project.config_defaults(fs_path, attr)
+    # ``args.x`` is an argparse namespace; ``config.x`` a config class or YAML.
+    from_args = any("args" in roles.words(n) for n in base.names)
+    preferred = [d for d in defaults if (d.kind == "argparse") == from_args]
+    defaults = preferred or defaults
+    if not all(isinstance(d.value, str) for d in defaults):
+        # Feature flags and numbers stay open: a default of ``use_kl_loss:
+        # false`` must not hide the code path users turn on.
+        return None
+    values = {repr(d.value) for d in defaults}
+    if len(values) != 1:
+        return None
+    sources = sorted({d.source for d in defaults})
+    return Py(
+        defaults[0].value, source="; ".join(sources[:2]) + (" ..." if len(sources) > 2 else "")
+    )
+
+
+def typed_default(
+    project: Project,
+    module: ModuleInfo,
+    function: cst.FunctionDef | None,
+    cls: ClassInfo | None,
+    names: tuple[str, ...],
+    attr: str,
+) -> Py | None:
+    """``config.x`` where ``config: TrainerConfig`` is a parameter (or
+    ``self.args.x`` where ``__init__`` takes ``args: TrainerConfig``): the
+    default that class gives ``x``, the most specific evidence there is."""
+    annotation: cst.BaseExpression | None = None
+    if len(names) == 1 and function is not None:
+        annotation = _annotation_of(function, names[0])
+    elif len(names) == 2 and names[0] == "self" and cls is not None:
+        init = cls.methods.get("__init__")
+        if init is not None:
+            annotation = _annotation_of(init, names[1])
+    class_name = dotted_name(annotation) if annotation is not None else None
+    if class_name is None:
+        return None
+    found = project.class_named(class_name, module)
+    if found is None:
+        return None
+    config_class, where = found
+    value = _field_default(config_class, attr)
+    if isinstance(value, cst.SimpleString) and isinstance(value.evaluated_value, str):
+        line = where.line_of_class(config_class.node.name.value)
+        return Py(
+            value.evaluated_value,
+            source=f"`{config_class.node.name.value}` ({where.path.name}:{line})",
+        )
+    return None
+
+
+def _field_default(cls: ClassInfo, attr: str) -> cst.BaseExpression | None:
+    """``attr: str = "k3"`` or ``attr: str = field(default="k3")`` in a class body."""
+    for statement in cls.node.body.body:
+        if not isinstance(statement, cst.SimpleStatementLine):
+            continue
+        for small in statement.body:
+            if not (isinstance(small, cst.AnnAssign) and isinstance(small.target, cst.Name)):
+                continue
+            if small.target.value != attr or small.value is None:
+                continue
+            value: cst.BaseExpression | None = small.value
+            if isinstance(value, cst.Call) and dotted_name(value.func) in (
+                "field",
+                "dataclasses.field",
+            ):
+                value = next(
+                    (a.value for a in value.args if a.keyword and a.keyword.value == "default"),
+                    None,
+                )
+            if isinstance(value, cst.SimpleString) and isinstance(value.evaluated_value, str):
+                return value
+    return None
+
+
+def _annotation_of(fn: cst.FunctionDef, name: str) -> cst.BaseExpression | None:
+    params = fn.params
+    for param in [*params.posonly_params, *params.params, *params.kwonly_params]:
+        if param.name.value == name and param.annotation is not None:
+            return param.annotation.annotation
+    return None

@@ -1,0 +1,127 @@
+"""Sinks: where a value is judged as something minimised. A value passed to
+``.backward()``, returned by a loss function, or assigned to a name like a
+loss is a sink; everything else the interpreter computes (logged numbers,
+rewards on their way to an advantage) is judged only through a sink.
+
+Functions over names and already-evaluated values: the interpreter asks
+"is this a loss?" and records the answer as a ``Sink``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import libcst as cst
+
+from kllint.analysis import roles
+from kllint.analysis.values import DictVal, Seq, Value
+
+
+@dataclass
+class Sink:
+    """A value that reaches a loss."""
+
+    value: Value
+    description: str  # "`loss.backward()`", "returned by `compute_loss`", ...
+    strong: bool  # backward / returned from a loss function (vs. a loss-like name)
+    node: cst.CSTNode
+    function: str
+    function_node: cst.CSTNode | None = None
+    backward: bool = False  # reaches .backward() itself
+    # For a backward pass inside a helper the function calls: that call.
+    # Estimates computed inside the helper are the helper's own findings.
+    inlined_call: cst.CSTNode | None = None
+
+
+BACKWARD_METHODS = frozenset({"backward", "manual_backward"})
+
+# Framework entry points whose return value is the loss.
+LOSS_FUNCTIONS = frozenset(
+    {
+        "compute_loss",
+        "loss_fn",
+        "loss",
+        "get_loss",
+        "compute_losses",
+        "training_step",
+        "forward_loss",
+        "policy_loss",
+    }
+)
+
+# ``log_loss_stats``, ``loss_scale``: functions that log or scale a loss.
+NOT_A_LOSS_WORDS = frozenset(
+    {
+        "log",
+        "logging",
+        "stats",
+        "metrics",
+        "info",
+        "scale",
+        "scaler",
+        "mask",
+        "masks",
+        "weight",
+        "weights",
+        "coef",
+        "print",
+        "plot",
+        "record",
+        "track",
+    }
+)
+
+
+def is_loss_name(name: str) -> bool:
+    """``loss``, ``kl_loss``, ``policy_loss``, ``losses``; not ``loss_mask``."""
+    ws = roles.words(name)
+    # Not "objective": objectives are maximised, so their KL sign is reversed.
+    return bool(ws) and ws[-1] in ("loss", "losses")
+
+
+def names_a_loss_function(name: str) -> bool:
+    """``gspo_loss_seq_k3``, ``loss_with_kl``: a function that computes a loss,
+    not one that logs or scales one (``log_loss_stats``, ``loss_scale``)."""
+    ws = roles.words(name)
+    return ("loss" in ws or "losses" in ws) and not set(ws) & NOT_A_LOSS_WORDS
+
+
+def is_loss_function(name: str, class_name: str | None, called: frozenset[str]) -> bool:
+    """Whether what a function returns is a loss, judged where it is defined."""
+    if name in called and name not in LOSS_FUNCTIONS:
+        # A helper of this file: judged at its call sites, where the
+        # arguments (and so the branch and the gradient path) are known.
+        # Framework entry points (compute_loss, training_step) stay losses
+        # even when the file also calls them, e.g. under no_grad to evaluate.
+        return False
+    if name in LOSS_FUNCTIONS or is_loss_name(name) or names_a_loss_function(name):
+        return True
+    return name in ("forward", "__call__") and class_name is not None and is_loss_name(class_name)
+
+
+def returned_losses(
+    function_name: str, returned: cst.BaseExpression | None, value: Value
+) -> list[tuple[Value, str]]:
+    """The parts of a loss function's return value that are losses, each with
+    how it reaches the loss."""
+    description = f"the value returned by `{function_name}`"
+    if isinstance(value, DictVal):
+        return [
+            (item, f"{description} as `{key}`")
+            for key, item in value.items.items()
+            if is_loss_name(key)
+        ]
+    if isinstance(value, Seq) and value.items and isinstance(returned, (cst.Tuple, cst.List)):
+        # ``return loss, metrics``: the elements named like a loss, else the first.
+        elements = [e.value for e in returned.elements]
+        named = [
+            v
+            for e, v in zip(elements, value.items)
+            if isinstance(e, cst.Name) and is_loss_name(e.value)
+        ]
+        return [(item, description) for item in named or value.items[:1]]
+    return [(value, description)]
+
+
+def backward_description(call_code: str, method: str) -> str:
+    """How a ``.backward()`` call is named in messages."""
+    return f"`{call_code}`" if len(call_code) < 60 else f"`.{method}()`"
