@@ -9,6 +9,10 @@ helpers. What the values mean comes from one module per vocabulary:
 * ``sinks``: what counts as a loss;
 * ``project``: modules, classes, functions and re-exports of the project.
 
+The interpreter itself is layered, one file each: ``frame`` (the state of one
+function), ``expressions``, ``calls``, and this module (statements, branches,
+loops as scans, inlining).
+
 Each local name maps to an abstract value: an IR node (a tensor expression
 over atoms), a Python literal (a selector such as ``"low_var_kl"``), a
 ``Choice`` between values when a branch cannot be decided, a sequence, a
@@ -28,28 +32,20 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 
 import libcst as cst
 
-from kllint.analysis import ir, lowering, roles, selectors, sinks
+from kllint.analysis import ir, roles, selectors, sinks
+from kllint.analysis.calls import Calls
+from kllint.analysis.expressions import BINOPS, compare
+from kllint.analysis.frame import MAX_DEPTH, FileContext
 from kllint.analysis.ir import Role
-from kllint.analysis.lowering import (
-    AGGREGATORS,
-    DETACHING,
-    IN_PLACE,
-    LOGPROB_OPS,
-    MUTATING,
-    NO_GRAD,
-    TENSOR_IDENTITY,
-    UNARY,
-    TorchCall,
-)
+from kllint.analysis.lowering import NO_GRAD
 from kllint.analysis.module import ClassInfo, ModuleInfo, dotted_name
-from kllint.analysis.project import Project
 from kllint.analysis.sinks import Sink
-from kllint.analysis.syntax import chain_names, code, full_code, string_key
+from kllint.analysis.syntax import code, full_code, string_key
 from kllint.analysis.values import (
     AND,
     HIDDEN,
@@ -61,65 +57,16 @@ from kllint.analysis.values import (
     Seq,
     Unknown,
     Value,
-    binary,
     choice,
-    lift1,
-    lift2,
     merge_envs,
     negate_condition,
 )
 
-MAX_DEPTH = 4  # helpers inlined inside helpers, at most
+__all__ = ["FileContext", "Interpreter", "Sink", "called_names", "iter_functions"]
 
 
-@dataclass
-class FileContext:
-    path: str  # as displayed
-    fs_path: Path
-    module: ModuleInfo
-    project: Project
-    role_patterns: roles.RolePatterns
-    sinks: list[Sink] = field(default_factory=list)
-    called: frozenset[str] = frozenset()  # names of functions this file calls
-
-
-# --------------------------------------------------------------------- interpreter
-
-
-class Interpreter:
-    def __init__(
-        self,
-        context: FileContext,
-        module: ModuleInfo,
-        cls: ClassInfo | None = None,
-        *,
-        depth: int = 0,
-        call_site: ir.Origin | None = None,
-        stack: tuple[int, ...] = (),
-        function_name: str = "<module>",
-    ) -> None:
-        self.context = context
-        self.module = module
-        self.cls = cls
-        self.depth = depth
-        self.call_site = call_site
-        self.stack = stack
-        self.function_name = function_name
-        self.env: dict[str, Value] = {}
-        self.no_grad = False
-        self.path: list[str] = []
-        self.returns: list[tuple[str, Value]] = []
-        self.loss_function = False
-        self.function_node: cst.FunctionDef | None = None
-        self.statement: cst.CSTNode | None = None
-        self.root: cst.FunctionDef | None = None  # the function being analysed (depth 0)
-
-    # ----------------------------------------------------------------- origins
-
-    def origin(self, node: cst.CSTNode) -> ir.Origin:
-        if self.call_site is not None:
-            return self.call_site
-        return ir.Origin(self.context.path, cst_node=node, statement=self.statement)
+class Interpreter(Calls):
+    """Statements, branches, loops and the inlining of helpers."""
 
     # ----------------------------------------------------------------- functions
 
@@ -386,7 +333,7 @@ class Interpreter:
 
     def pattern_truth(self, subject: Value, pattern: cst.MatchPattern) -> bool | None:
         if isinstance(pattern, (cst.MatchValue, cst.MatchSingleton)):
-            return _compare(cst.Equal(), subject, self.eval(pattern.value))
+            return compare(cst.Equal(), subject, self.eval(pattern.value))
         if isinstance(pattern, cst.MatchAs) and pattern.pattern is None:
             if pattern.name is not None:
                 self.env[pattern.name.value] = subject
@@ -400,9 +347,6 @@ class Interpreter:
             return False if all(o is False for o in outcomes) else None
         return None
 
-    def condition_label(self, test: cst.BaseExpression) -> str:
-        return selectors.condition_label(test, in_helper=self.depth > 0)
-
     def exec_small(self, small: cst.BaseSmallStatement) -> bool:
         if isinstance(small, cst.Assign):
             value = self.eval(small.value)
@@ -411,7 +355,7 @@ class Interpreter:
         elif isinstance(small, cst.AnnAssign) and small.value is not None:
             self.assign(small.target, self.eval(small.value), small)
         elif isinstance(small, cst.AugAssign):
-            op = _BINOPS.get(type(small.operator).__name__.replace("Assign", ""))
+            op = BINOPS.get(type(small.operator).__name__.replace("Assign", ""))
             current = self.eval(small.target)
             value = self.eval(small.value)
             combined = (
@@ -492,53 +436,9 @@ class Interpreter:
             # including arithmetic on tensors that had one.
             value = self.lift1(value, ir.detach)
         if isinstance(target, cst.Name):
-            name = target.value
-            patterns = self.context.role_patterns
-            if not isinstance(value, Unknown) and (
-                patterns.logprob_role(name) is not None
-                or (patterns.role_from_words(name) is not None and roles.is_one_log_prob(value))
-            ):
-                value = roles.name_logprob(name, value, patterns, no_grad=self.no_grad)
-            if isinstance(value, Unknown):
-                # The variable's own name is evidence too (``mask``, ``beta``).
-                value = replace(value, names=(*value.names, name))
-                value = self.resolve(value, name, keep_unknown=True)
-            elif isinstance(value, Choice):
-                value = Choice(
-                    [
-                        (
-                            label,
-                            self.resolve(v, name, keep_unknown=True)
-                            if isinstance(v, Unknown)
-                            else v,
-                        )
-                        for label, v in value.options
-                    ]
-                )
-            self.env[name] = value
-            if sinks.is_loss_name(name):
-                self.add_sink(value, f"the loss variable `{name}`", False, node)
+            self.assign_name(target.value, value, node)
         elif isinstance(target, (cst.Tuple, cst.List)):
-            elements = [e.value for e in target.elements]
-            for i, element in enumerate(elements):
-                if isinstance(value, Seq) and i < len(value.items):
-                    item: Value = value.items[i]
-                elif isinstance(value, ir.Node) and not isinstance(value, ir.Opaque):
-                    # ``advantages, returns = compute_gae(rewards, ...)``: both carry the rewards.
-                    item = value
-                elif isinstance(value, Unknown):
-                    item = Unknown(
-                        f"{value.text}[{i}]",
-                        value.names,
-                        value.call,
-                        value.stored,
-                        value.reference_model,
-                        value.logprob_op,
-                        value.detached,
-                    )
-                else:
-                    item = Unknown(code(element), ("unpacked",))
-                self.assign(element, item, node)
+            self.assign_unpacked(target, value, node)
         elif isinstance(target, cst.Subscript) and isinstance(target.value, cst.Name):
             container = self.env.get(target.value.value)
             key = string_key(target)
@@ -550,624 +450,55 @@ class Interpreter:
                 if sinks.is_loss_name(key):
                     self.add_sink(value, f"the loss entry `{key}`", False, node)
 
-    # ----------------------------------------------------------------- evidence
-
-    def resolve(
-        self, unknown: Unknown, target: str | None = None, *, keep_unknown: bool = False
-    ) -> Value:
-        """What an unknown value is (see ``roles.resolve``), here."""
-        return roles.resolve(
-            unknown,
-            self.context.role_patterns,
-            target,
-            keep_unknown=keep_unknown,
-            no_grad=self.no_grad,
-        )
-
-    def as_node(self, value: Value) -> ir.Node:
-        if isinstance(value, ir.Node):
-            return value
-        if isinstance(value, Py):
-            if isinstance(value.value, bool):
-                return ir.Const(float(value.value))
-            if isinstance(value.value, (int, float)):
-                return ir.Const(float(value.value))
-            return ir.Opaque(repr(value.value))
+    def assign_name(self, name: str, value: Value, node: cst.CSTNode) -> None:
+        """``name = value``: the name is evidence of what the value is."""
+        patterns = self.context.role_patterns
+        if not isinstance(value, Unknown) and (
+            patterns.logprob_role(name) is not None
+            or (patterns.role_from_words(name) is not None and roles.is_one_log_prob(value))
+        ):
+            value = roles.name_logprob(name, value, patterns, no_grad=self.no_grad)
         if isinstance(value, Unknown):
-            node = self.resolve(value)
-            return node if isinstance(node, ir.Node) else ir.Opaque(value.text)
-        if isinstance(value, Flipped):
-            return ir.Opaque("flipped along time")
-        return ir.Opaque(type(value).__name__)
-
-    # ----------------------------------------------------------------- expressions
-
-    def eval(self, expr: cst.BaseExpression) -> Value:
-        try:
-            return self._eval(expr)
-        except RecursionError:
-            return Unknown(code(expr), ("deep",))
-
-    def _eval(self, expr: cst.BaseExpression) -> Value:
-        if isinstance(expr, cst.Name):
-            return self.lookup(expr.value)
-        if isinstance(expr, cst.Integer):
-            return ir.Const(float(int(expr.value.replace("_", ""), 0)), origin=self.origin(expr))
-        if isinstance(expr, cst.Float):
-            return ir.Const(float(expr.value.replace("_", "")), origin=self.origin(expr))
-        if isinstance(expr, (cst.SimpleString, cst.ConcatenatedString)):
-            text = expr.evaluated_value
-            return Py(text if isinstance(text, str) else None)
-        if isinstance(expr, cst.FormattedString):
-            return Py(None)
-        if isinstance(expr, cst.UnaryOperation):
-            operand = self.eval(expr.expression)
-            if isinstance(expr.operator, cst.Minus):
-                return self.lift1(operand, lambda n: ir.neg(n, self.origin(expr)))
-            if isinstance(expr.operator, cst.Plus):
-                return operand
-            if isinstance(expr.operator, cst.Not):
-                truth = self.truth(expr.expression)
-                return Py(not truth) if truth is not None else Unknown(code(expr), ("not",))
-            return Unknown(code(expr), ("unary",))
-        if isinstance(expr, cst.BinaryOperation):
-            op = _BINOPS.get(type(expr.operator).__name__)
-            left, right = self.eval(expr.left), self.eval(expr.right)
-            if op is None:
-                return Unknown(code(expr), ("binop",))
-            return self.binary(op, left, right, expr)
-        if isinstance(expr, (cst.Comparison, cst.BooleanOperation)):
-            truth = self.truth(expr)
-            return Py(truth) if truth is not None else Unknown(code(expr), ("condition",))
-        if isinstance(expr, cst.IfExp):
-            truth = self.truth(expr.test)
-            if truth is True:
-                return self.eval(expr.body)
-            if truth is False:
-                return self.eval(expr.orelse)
-            label = self.condition_label(expr.test)
-            return choice(
-                [(label, self.eval(expr.body)), (negate_condition(label), self.eval(expr.orelse))]
+            # The variable's own name is evidence too (``mask``, ``beta``).
+            value = replace(value, names=(*value.names, name))
+            value = self.resolve(value, name, keep_unknown=True)
+        elif isinstance(value, Choice):
+            value = Choice(
+                [
+                    (
+                        label,
+                        self.resolve(v, name, keep_unknown=True) if isinstance(v, Unknown) else v,
+                    )
+                    for label, v in value.options
+                ]
             )
-        if isinstance(expr, (cst.Tuple, cst.List)):
-            if isinstance(expr, cst.List) and not expr.elements:
-                return Seq([], appended=True)  # a list to be filled by ``.append``
-            return Seq([self.eval(e.value) for e in expr.elements if isinstance(e, cst.Element)])
-        if isinstance(expr, cst.Dict):
-            items: dict[str, Value] = {}
-            for element in expr.elements:
-                if isinstance(element, cst.DictElement):
-                    key = self.eval(element.key)
-                    if isinstance(key, Py) and isinstance(key.value, str):
-                        items[key.value] = self.eval(element.value)
-            return DictVal(items)
-        if isinstance(expr, cst.Attribute):
-            return self.eval_attribute(expr)
-        if isinstance(expr, cst.Subscript):
-            return self.eval_subscript(expr)
-        if isinstance(expr, cst.Call):
-            return self.eval_call(expr)
-        if isinstance(expr, cst.Await):
-            return self.eval(expr.expression)
-        if isinstance(expr, cst.Lambda):
-            return FuncRef(_lambda_as_function(expr), self.module)
-        if isinstance(expr, cst.DictComp):
-            return self.eval_dict_comprehension(expr)
-        return Unknown(code(expr), (type(expr).__name__,))
+        self.env[name] = value
+        if sinks.is_loss_name(name):
+            self.add_sink(value, f"the loss variable `{name}`", False, node)
 
-    def eval_dict_comprehension(self, expr: cst.DictComp) -> Value:
-        """``{k: v[idx] for k, v in batch.items()}`` over a known dict (a
-        minibatch cut from a rollout): the same entries, each transformed."""
-        loop = expr.for_in
-        source = loop.iter
-        if (
-            loop.inner_for_in is None
-            and not loop.ifs
-            and isinstance(source, cst.Call)
-            and isinstance(source.func, cst.Attribute)
-            and source.func.attr.value == "items"
-            and isinstance(loop.target, cst.Tuple)
-            and len(loop.target.elements) == 2
-            and all(isinstance(e.value, cst.Name) for e in loop.target.elements)
-        ):
-            table = self.eval(source.func.value)
-            if isinstance(table, DictVal):
-                key_name = loop.target.elements[0].value.value  # type: ignore[attr-defined]
-                value_name = loop.target.elements[1].value.value  # type: ignore[attr-defined]
-                saved = {n: self.env.get(n) for n in (key_name, value_name)}
-                items: dict[str, Value] = {}
-                for key, item in table.items.items():
-                    self.env[key_name], self.env[value_name] = Py(key), item
-                    items[key] = self.eval(expr.value)
-                for n, v in saved.items():
-                    if v is None:
-                        self.env.pop(n, None)
-                    else:
-                        self.env[n] = v
-                return DictVal(items)
-        return Unknown(code(expr), ("comprehension",))
-
-    def lookup(self, name: str) -> Value:
-        if name in self.env:
-            return self.env[name]
-        if name in ("True", "False", "None"):
-            return Py({"True": True, "False": False, "None": None}[name])
-        if name in self.module.functions:
-            return FuncRef(self.module.functions[name], self.module)
-        if name in self.module.classes:
-            return Unknown(name, (name,), module=None, class_name=name)
-        if name in self.module.imports:
-            imported = self.module.imports[name]
-            # Leading dots keep a relative import relative: ``from ..core import f``
-            # is "..core.f", resolved from this module's package.
-            dotted = ".".join(p for p in (imported.module, imported.name) if p)
-            full = "." * imported.level + dotted
-            return Unknown(name, (name,), module=full)
-        if name in self.module.constants:
-            constant = self.module.constants[name]
-            if isinstance(constant, (cst.Dict, cst.Lambda)):
-                return self.eval(constant)  # a dispatch table: {"k3": low_var_kl, ...}
-            if isinstance(constant, cst.Call) and (dotted_name(constant.func) or "").endswith(
-                "partial"
-            ):
-                return self.eval(constant)  # mse_kl = functools.partial(kl_penalty, kind="mse")
-            if isinstance(constant, (cst.SimpleString, cst.Integer, cst.Float, cst.Name)):
-                return (
-                    self.eval(constant)
-                    if not isinstance(constant, cst.Name)
-                    else Unknown(name, (name,))
+    def assign_unpacked(
+        self, target: cst.Tuple | cst.List, value: Value, node: cst.CSTNode
+    ) -> None:
+        """``a, b = value``."""
+        for i, element in enumerate(e.value for e in target.elements):
+            if isinstance(value, Seq) and i < len(value.items):
+                item: Value = value.items[i]
+            elif isinstance(value, ir.Node) and not isinstance(value, ir.Opaque):
+                # ``advantages, returns = compute_gae(rewards, ...)``: both carry the rewards.
+                item = value
+            elif isinstance(value, Unknown):
+                item = Unknown(
+                    f"{value.text}[{i}]",
+                    value.names,
+                    value.call,
+                    value.stored,
+                    value.reference_model,
+                    value.logprob_op,
+                    value.detached,
                 )
-        return Unknown(name, (name,))
-
-    def eval_attribute(self, expr: cst.Attribute) -> Value:
-        base = self.eval(expr.value)
-        attr = expr.attr.value
-        if isinstance(base, (ir.Node, Choice)) and not isinstance(base, ir.Opaque):
-            if attr == "data":
-                return self.lift1(base, lambda n: ir.detach(n, self.origin(expr)))
-            if attr in ("T", "mT", "real"):
-                return base
-            if attr == "shape":
-                # Sizes are positive constants: a normaliser, not a gradient path.
-                return ir.Atom(Role.COEFFICIENT, code(expr))
-            return Unknown(code(expr), (attr,))
-        if isinstance(base, Unknown) and base.class_name is not None:
-            member = selectors.class_constant(self.module, base.class_name, attr)
-            if member is not None:
-                return member  # ``KLEstimator.K3``: an Enum member stands for its value
-        if isinstance(base, Py) and attr in ("value", "name"):
-            return base if attr == "value" else Py(None)
-        if isinstance(base, Unknown) and attr == "shape" and base.module is None:
-            return ir.Atom(Role.COEFFICIENT, code(expr))
-        if isinstance(base, Unknown):
-            unknown = replace(
-                base,
-                text=code(expr),
-                names=(*base.names, attr),
-                stored=base.stored or (not base.call and roles.from_container(base.names)),
-                detached=base.detached or attr == "data",
-                module=f"{base.module}.{attr}" if base.module else None,
-                distribution=False,
-                class_name=None,
-            )
-            default = selectors.config_default(
-                self.context.project,
-                self.context.fs_path,
-                self.module,
-                self.function_node,
-                self.cls,
-                base,
-                attr,
-            )
-            return default if default is not None else unknown
-        if isinstance(base, (FuncRef, Py)):
-            return Unknown(code(expr), (attr,))
-        return Unknown(code(expr), (attr,))
-
-    def eval_subscript(self, expr: cst.Subscript) -> Value:
-        base = self.eval(expr.value)
-        key_value: Value | None = None
-        if len(expr.slice) == 1 and isinstance(expr.slice[0].slice, cst.Index):
-            key_value = self.eval(expr.slice[0].slice.value)
-        if (
-            isinstance(base, DictVal)
-            and isinstance(key_value, Py)
-            and isinstance(key_value.value, str)
-        ):
-            return base.items.get(key_value.value, Unknown(code(expr), (key_value.value,)))
-        if (
-            isinstance(base, DictVal)
-            and base.items
-            and key_value is not None
-            and not isinstance(key_value, Py)
-        ):
-            # A dispatch table indexed by a selector kllint cannot resolve.
-            label = full_code(expr.slice[0].slice)
-            return choice([(f"{label} == {key!r}", item) for key, item in base.items.items()])
-        if isinstance(base, Seq):
-            if isinstance(key_value, ir.Const) and float(key_value.value).is_integer():
-                index = int(key_value.value)
-                if -len(base.items) <= index < len(base.items):
-                    return base.items[index]
-            if (
-                isinstance(key_value, Py)
-                and isinstance(key_value.value, int)
-                and not isinstance(key_value.value, bool)
-            ):
-                index = key_value.value
-                if -len(base.items) <= index < len(base.items):
-                    return base.items[index]
-            if base.appended:
-                return base  # ``steps[::-1]``: the same rows, reordered
-            if key_value is not None:
-                label = full_code(expr.slice[0].slice)
-                return choice([(f"{label} == {i}", item) for i, item in enumerate(base.items)])
-            return Unknown(code(expr), ("slice",))
-        if isinstance(base, Unknown):
-            key = (
-                key_value.value
-                if isinstance(key_value, Py) and isinstance(key_value.value, str)
-                else None
-            )
-            # Slicing keeps what a tensor is; a string key names what it holds.
-            return replace(
-                base,
-                text=code(expr),
-                names=(*base.names, key) if key else base.names,
-                stored=base.stored or (not base.call and roles.from_container(base.names)),
-                module=None,
-                class_name=None,
-            )
-        if isinstance(base, (ir.Node, Choice, Flipped)):
-            return base  # slicing a tensor keeps what it is
-        return Unknown(code(expr), ("subscript",))
-
-    # ----------------------------------------------------------------- conditions
-
-    def truth(self, expr: cst.BaseExpression) -> bool | None:
-        if isinstance(expr, cst.BooleanOperation):
-            first, second = self.truth(expr.left), self.truth(expr.right)
-            if isinstance(expr.operator, cst.And):
-                if first is False or second is False:
-                    return False
-                return True if first is True and second is True else None
-            if first is True or second is True:
-                return True
-            return False if first is False and second is False else None
-        if isinstance(expr, cst.UnaryOperation) and isinstance(expr.operator, cst.Not):
-            inner = self.truth(expr.expression)
-            return None if inner is None else not inner
-        if isinstance(expr, cst.Comparison):
-            left = self.eval(expr.left)
-            result: bool | None = True
-            for target in expr.comparisons:
-                right = self.eval(target.comparator)
-                outcome = _compare(target.operator, left, right)
-                if outcome is None:
-                    return None
-                for side in (left, right):
-                    if isinstance(side, Py) and side.source and self.call_site is not None:
-                        note = selectors.default_note(expr.left, side)
-                        if note not in self.call_site.notes:
-                            self.call_site.notes.append(note)
-                result = result and outcome
-                left = right
-            return result
-        value = self.eval(expr)
-        if isinstance(value, Py):
-            return bool(value.value)
-        if isinstance(value, ir.Const):
-            return bool(value.value)
-        return None
-
-    # ----------------------------------------------------------------- arithmetic
-
-    def binary(self, op: str, left: Value, right: Value, node: cst.CSTNode) -> Value:
-        return binary(op, left, right, self.origin(node), self.as_node)
-
-    def lift1(self, value: Value, fn: Callable[[ir.Node], ir.Node]) -> Value:
-        return lift1(value, fn, self.as_node)
-
-    def lift2(self, left: Value, right: Value, fn: Callable[[ir.Node, ir.Node], ir.Node]) -> Value:
-        return lift2(left, right, fn, self.as_node)
-
-    def torch_call(self, call: cst.CSTNode) -> TorchCall:
-        return TorchCall(self.origin(call), call, self.as_node)
-
-    # ----------------------------------------------------------------- calls
-
-    def eval_call(self, call: cst.Call) -> Value:
-        func = call.func
-        args = [a for a in call.args if a.keyword is None and a.star == ""]
-        kwargs = {a.keyword.value: a.value for a in call.args if a.keyword is not None}
-        if isinstance(func, cst.Attribute):
-            return self.eval_method_call(call, func, args, kwargs)
-        callee = self.eval(func)
-        if isinstance(callee, FuncRef):
-            return self.inline(callee, call)
-        if isinstance(callee, Unknown):
-            if callee.module is not None:
-                level = len(callee.module) - len(callee.module.lstrip("."))
-                module, _, name = callee.module.lstrip(".").rpartition(".")
-                module = "." * level + module
-                return self.call_module_function(module, name, call, args, kwargs)
-            return self.call_builtin(callee, call, args, kwargs)
-        return Unknown(code(call), ("call",), call=True)
-
-    def call_builtin(
-        self,
-        callee: Unknown,
-        call: cst.Call,
-        args: list[cst.Arg],
-        kwargs: dict[str, cst.BaseExpression],
-    ) -> Value:
-        """A call by a plain name that is no function of the project."""
-        name = callee.names[-1] if callee.names else callee.text
-        if name in ("float", "int") and args:
-            return self.eval(args[0].value)
-        if name == "sum" and args:
-            # ``sum(losses.values())`` over a dict of loss terms.
-            terms = self.eval(args[0].value)
-            if isinstance(terms, Seq) and terms.items and not terms.appended:
-                total = terms.items[0]
-                for item in terms.items[1:]:
-                    total = self.binary("add", total, item, call)
-                return total
-        if name == "len" and args:
-            return ir.Atom(Role.COEFFICIENT, code(call))
-        return self.named_call(name, call, args, kwargs, callee)
-
-    def eval_method_call(
-        self,
-        call: cst.Call,
-        func: cst.Attribute,
-        args: list[cst.Arg],
-        kwargs: dict[str, cst.BaseExpression],
-    ) -> Value:
-        method = func.attr.value
-        if method in sinks.BACKWARD_METHODS:
-            target = args[0].value if args else func.value
-            value = self.eval(target)
-            self.add_sink(
-                value,
-                sinks.backward_description(full_code(call), method),
-                True,
-                call,
-                backward=True,
-            )
-            return Py(None)
-        receiver = self.eval(func.value)
-        if isinstance(receiver, DictVal) and method == "values" and not args:
-            return Seq(list(receiver.items.values()))
-        if isinstance(func.value, cst.Name) and self.mutate(
-            func.value.value, method, args, kwargs, call
-        ):
-            return Py(None)
-        if isinstance(receiver, Unknown) and receiver.module is not None:
-            return self.call_module_function(receiver.module, method, call, args, kwargs)
-        if method == "scale" and isinstance(receiver, Unknown) and len(args) == 1:
-            # ``scaler.scale(loss).backward()`` (AMP): the scaled loss is the loss.
-            scaled = self.eval(args[0].value)
-            if isinstance(scaled, (ir.Node, Choice)):
-                return scaled
-        if isinstance(receiver, (ir.Node, Choice, Flipped)) and not isinstance(receiver, ir.Opaque):
-            return self.method_op(method, receiver, args, kwargs, call)
-        if isinstance(receiver, Unknown):
-            if receiver.names == ("self",) and self.cls is not None:
-                found = self.context.project.method(self.cls, self.module, method)
-                if found is not None:
-                    return self.inline(found, call)
-            return self.unknown_method(call, method, receiver, args, kwargs)
-        return Unknown(code(call), (method,), call=True)
-
-    def mutate(
-        self,
-        name: str,
-        method: str,
-        args: list[cst.Arg],
-        kwargs: dict[str, cst.BaseExpression],
-        call: cst.Call,
-    ) -> bool:
-        """``rows.append(x)``, ``kl.mul_(mask)``, ``buffer.copy_(x)`` on a local:
-        the local becomes what the method makes of it. True when handled."""
-        current = self.env.get(name)
-        if method == "append" and isinstance(current, Seq) and args:
-            self.env[name] = Seq([*current.items, self.eval(args[0].value)], appended=True)
-            return True
-        if method in IN_PLACE and isinstance(current, (ir.Node, Choice)):
-            # ``kl.mul_(mask)``: the tensor becomes what the operation gives.
-            self.env[name] = self.method_op(IN_PLACE[method], current, args, kwargs, call)
-            return True
-        if method in MUTATING and name in self.env:
-            self.env[name] = Unknown(name, (name,))
-            return True
-        return False
-
-    def unknown_method(
-        self,
-        call: cst.Call,
-        method: str,
-        receiver: Unknown,
-        args: list[cst.Arg],
-        kwargs: dict[str, cst.BaseExpression],
-    ) -> Value:
-        """A method of a value kllint cannot compute: a tensor method once its
-        role is known, else evidence kept on the unknown result."""
-        if (
-            method in TENSOR_IDENTITY
-            or method in UNARY
-            or method in DETACHING
-            or method in ("sum", "mean", "clamp", "exp")
-        ):
-            node = self.resolve(receiver)
-            if isinstance(node, ir.Node) and not isinstance(node, ir.Opaque):
-                return self.method_op(method, node, args, kwargs, call)
-            if method in DETACHING:
-                return replace(receiver, text=code(call), detached=True)
-            if method == "gather":
-                return replace(receiver, distribution=False)
-            if method in TENSOR_IDENTITY:
-                return receiver
-        return self.unknown_call(call, method, receiver, args)
-
-    def call_module_function(
-        self,
-        module: str,
-        name: str,
-        call: cst.Call,
-        args: list[cst.Arg],
-        kwargs: dict[str, cst.BaseExpression],
-    ) -> Value:
-        level = len(module) - len(module.lstrip("."))
-        module = module.lstrip(".")
-        if module == "functools" and name == "partial" and args:
-            partial = self.partial(args, kwargs)
-            if partial is not None:
-                return partial
-        namespace = lowering.namespace(module, level)
-        if namespace == "no-autograd":
-            return Unknown(code(call), (name,), call=True, numpy=True)
-        if namespace == "torch":
-            return self.call_torch(name, call, args, kwargs)
-        ref = self.context.project.function(module, name, self.module.path, level)
-        if ref is not None:
-            return self.inline(ref, call)
-        # ``from pkg.mod import fn`` where fn is a submodule attribute or unresolved
-        return self.named_call(name, call, args, kwargs, None)
-
-    def partial(self, args: list[cst.Arg], kwargs: dict[str, cst.BaseExpression]) -> FuncRef | None:
-        """``functools.partial(kl_penalty, kind="mse")``: the function with
-        arguments given in advance."""
-        function = self.eval(args[0].value)
-        if isinstance(function, Unknown) and function.module is not None:
-            function = (
-                self.context.project.function_at(function.module, self.module.path) or function
-            )
-        if not isinstance(function, FuncRef):
-            return None
-        return replace(
-            function,
-            preset_args=(*function.preset_args, *(self.eval(a.value) for a in args[1:])),
-            preset_kwargs={
-                **function.preset_kwargs,
-                **{k: self.eval(v) for k, v in kwargs.items()},
-            },
-        )
-
-    def call_torch(
-        self,
-        name: str,
-        call: cst.Call,
-        args: list[cst.Arg],
-        kwargs: dict[str, cst.BaseExpression],
-    ) -> Value:
-        """``torch.name(...)``, ``F.name(...)``: the torch vocabulary's lowering."""
-        if name in lowering.OPAQUE_FUNCTIONS:
-            return ir.Opaque(f"torch.{name}")
-        arg_values = [self.eval(a.value) for a in args]
-        kw_values = {k: self.eval(v) for k, v in kwargs.items()}
-        if name in LOGPROB_OPS or name == "log_softmax":
-            return self.logprob_call(call, name, args)
-        return lowering.torch_function(self.torch_call(call), name, arg_values, kw_values)
-
-    def named_call(
-        self,
-        name: str,
-        call: cst.Call,
-        args: list[cst.Arg],
-        kwargs: dict[str, cst.BaseExpression],
-        callee: Unknown | None,
-    ) -> Value:
-        if name in AGGREGATORS and args:
-            values = [self.eval(a.value) for a in args]
-            kw = {k: self.eval(v) for k, v in kwargs.items()}
-            mask = values[1] if len(values) > 1 else kw.get("mask", kw.get("loss_mask"))
-            dim = values[2] if len(values) > 2 else kw.get("dim", kw.get("axis"))
-            axis = lowering.axis(dim)
-            kind = "sum" if "sum" in name else "mean"
-            origin = self.origin(call)
-            mask_node = self.as_node(mask) if mask is not None else None
-            return self.lift1(
-                values[0], lambda n: ir.Reduce(kind, axis, n, mask_node, origin=origin)
-            )
-        if roles.is_logprob_name(name) or name in LOGPROB_OPS or "log_softmax" in name:
-            return self.logprob_call(call, name, args)
-        credited = self.advantage_estimator(name, call)
-        if credited is not None:
-            return credited
-        return Unknown(code(call), (name,), call=True, reference_model=self._reference_args(call))
-
-    def advantage_estimator(self, name: str, call: cst.Call) -> ir.Node | None:
-        """An advantage/return estimator kllint cannot read (``compute_gae`` passed
-        in, from another library) given per-token rewards that contain a KL:
-        modelled as the reward-to-go of those rewards, which is what GAE with
-        gamma = lambda = 1 computes (a critic baseline adds no expected gradient)."""
-        if not roles.has_words(name, roles.ADVANTAGE_ESTIMATOR_WORDS):
-            return None
-        for arg in call.args:
-            value = self.eval(arg.value)
-            if isinstance(value, ir.Node) and value.has_role(Role.REFERENCE_LOGP):
-                return ir.CumSum(value, reverse=True, origin=self.origin(call))
-        return None
-
-    def _reference_args(self, call: cst.Call) -> bool:
-        names = [n for a in call.args for n in chain_names(a.value)]
-        func_names = chain_names(call.func)
-        return self.context.role_patterns.is_reference_model(names + func_names)
-
-    def logprob_call(self, call: cst.Call, name: str, args: list[cst.Arg]) -> Value:
-        hints = [n for a in args[:1] for n in chain_names(a.value)]
-        return Unknown(
-            code(call),
-            (name, *hints),
-            call=True,
-            reference_model=self._reference_args(call),
-            logprob_op=True,
-            distribution=name == "log_softmax",
-        )
-
-    def unknown_call(
-        self, call: cst.Call, method: str, receiver: Unknown, args: list[cst.Arg]
-    ) -> Value:
-        if method in ("parse_args", "parse_known_args"):
-            # An argparse namespace: its attributes take the parser's defaults.
-            args_value = Unknown("args", ("args",))
-            return (
-                Seq([args_value, Unknown("extra", ("extra",))])
-                if method == "parse_known_args"
-                else args_value
-            )
-        if method in ("size", "numel", "dim") and receiver.module is None:
-            return ir.Atom(Role.COEFFICIENT, code(call))
-        if method == "log_prob":
-            return Unknown(
-                code(call),
-                (*receiver.names, "log_prob"),
-                call=True,
-                reference_model=self.context.role_patterns.is_reference_model(receiver.names),
-                logprob_op=True,
-                stored=False,
-            )
-        if method in AGGREGATORS:
-            return self.named_call(
-                method,
-                call,
-                args,
-                {a.keyword.value: a.value for a in call.args if a.keyword is not None},
-                None,
-            )
-        if roles.is_logprob_name(method) or method in LOGPROB_OPS:
-            return self.logprob_call(call, method, args)
-        credited = self.advantage_estimator(method, call)
-        if credited is not None:
-            return credited
-        return Unknown(
-            code(call),
-            (*receiver.names, method),
-            call=True,
-            reference_model=self._reference_args(call)
-            or self.context.role_patterns.is_reference_model(receiver.names),
-        )
+            else:
+                item = Unknown(code(element), ("unpacked",))
+            self.assign(element, item, node)
 
     def inline(self, ref: FuncRef, call: cst.Call) -> Value:
         key = id(ref.node)
@@ -1236,72 +567,6 @@ class Interpreter:
             return Seq([item if keep(item) else credited for item in result.items])
         return result if keep(result) else credited
 
-    # ----------------------------------------------------------------- tensor operations
-
-    def method_op(
-        self,
-        name: str,
-        receiver: Value,
-        args: list[cst.Arg],
-        kwargs: dict[str, cst.BaseExpression],
-        call: cst.Call,
-    ) -> Value:
-        """``receiver.name(*args, **kwargs)`` on a tensor, arguments evaluated."""
-        return lowering.tensor_method(
-            self.torch_call(call),
-            name,
-            receiver,
-            [self.eval(a.value) for a in args],
-            {k: self.eval(v) for k, v in kwargs.items()},
-        )
-
-
-# --------------------------------------------------------------------- helpers
-
-_BINOPS = {"Add": "add", "Subtract": "sub", "Multiply": "mul", "Divide": "div", "Power": "pow"}
-
-
-def _compare(operator: cst.BaseCompOp, left: Value, right: Value) -> bool | None:
-    def literal(v: Value) -> tuple[bool, object]:
-        if isinstance(v, Py):
-            return True, v.value
-        if isinstance(v, ir.Const):
-            return True, v.value
-        if isinstance(v, Seq):
-            items = [literal(i) for i in v.items]
-            if all(ok for ok, _ in items):
-                return True, tuple(x for _, x in items)
-        return False, None
-
-    lok, lv = literal(left)
-    rok, rv = literal(right)
-    if not (lok and rok):
-        return None
-    try:
-        if isinstance(operator, cst.Equal):
-            return bool(lv == rv)
-        if isinstance(operator, cst.NotEqual):
-            return bool(lv != rv)
-        if isinstance(operator, cst.In):
-            return bool(lv in rv)  # type: ignore[operator]
-        if isinstance(operator, cst.NotIn):
-            return bool(lv not in rv)  # type: ignore[operator]
-        if isinstance(operator, cst.Is):
-            return lv is rv if rv is None or isinstance(rv, bool) else None
-        if isinstance(operator, cst.IsNot):
-            return lv is not rv if rv is None or isinstance(rv, bool) else None
-        if isinstance(operator, cst.GreaterThan):
-            return bool(lv > rv)  # type: ignore[operator]
-        if isinstance(operator, cst.LessThan):
-            return bool(lv < rv)  # type: ignore[operator]
-        if isinstance(operator, cst.GreaterThanEqual):
-            return bool(lv >= rv)  # type: ignore[operator]
-        if isinstance(operator, cst.LessThanEqual):
-            return bool(lv <= rv)  # type: ignore[operator]
-    except TypeError:
-        return None
-    return None
-
 
 def _time_loop_direction(statement: cst.For | cst.While) -> str | None:
     """``reversed(range(T))`` or ``range(T - 1, -1, -1)``: a backward loop
@@ -1340,24 +605,6 @@ def _assigned_names(body: cst.BaseSuite) -> list[str]:
 
     body.visit(_Assigned())
     return names
-
-
-_LAMBDAS: dict[int, tuple[cst.Lambda, cst.FunctionDef]] = {}
-
-
-def _lambda_as_function(node: cst.Lambda) -> cst.FunctionDef:
-    """``lambda lp, ref: lp - ref`` as ``def lambda(lp, ref): return lp - ref``,
-    made once per lambda so that recursion guards see one function."""
-    cached = _LAMBDAS.get(id(node))
-    if cached is not None and cached[0] is node:
-        return cached[1]
-    function = cst.FunctionDef(
-        name=cst.Name("lambda"),
-        params=node.params,
-        body=cst.IndentedBlock(body=[cst.SimpleStatementLine(body=[cst.Return(value=node.body)])]),
-    )
-    _LAMBDAS[id(node)] = (node, function)
-    return function
 
 
 def _decorated_no_grad(fn: cst.FunctionDef) -> bool:

@@ -1,0 +1,386 @@
+"""Expressions: names, literals, operators, attributes, subscripts and
+conditions evaluated to abstract values (Python semantics; what a tensor
+operation means is the torch vocabulary's business, in ``lowering``)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import libcst as cst
+
+from kllint.analysis import ir, roles, selectors
+from kllint.analysis.frame import Frame
+from kllint.analysis.ir import Role
+from kllint.analysis.module import dotted_name
+from kllint.analysis.syntax import code, full_code
+from kllint.analysis.values import (
+    Choice,
+    DictVal,
+    Flipped,
+    FuncRef,
+    Py,
+    Seq,
+    Unknown,
+    Value,
+    choice,
+    negate_condition,
+)
+
+BINOPS = {"Add": "add", "Subtract": "sub", "Multiply": "mul", "Divide": "div", "Power": "pow"}
+
+
+class Expressions(Frame):
+    def eval(self, expr: cst.BaseExpression) -> Value:
+        try:
+            return self._eval(expr)
+        except RecursionError:
+            return Unknown(code(expr), ("deep",))
+
+    def _eval(self, expr: cst.BaseExpression) -> Value:
+        if isinstance(expr, cst.Name):
+            return self.lookup(expr.value)
+        if isinstance(expr, cst.Integer):
+            return ir.Const(float(int(expr.value.replace("_", ""), 0)), origin=self.origin(expr))
+        if isinstance(expr, cst.Float):
+            return ir.Const(float(expr.value.replace("_", "")), origin=self.origin(expr))
+        if isinstance(expr, (cst.SimpleString, cst.ConcatenatedString)):
+            text = expr.evaluated_value
+            return Py(text if isinstance(text, str) else None)
+        if isinstance(expr, cst.FormattedString):
+            return Py(None)
+        if isinstance(expr, cst.UnaryOperation):
+            return self.eval_unary(expr)
+        if isinstance(expr, cst.BinaryOperation):
+            op = BINOPS.get(type(expr.operator).__name__)
+            left, right = self.eval(expr.left), self.eval(expr.right)
+            if op is None:
+                return Unknown(code(expr), ("binop",))
+            return self.binary(op, left, right, expr)
+        if isinstance(expr, (cst.Comparison, cst.BooleanOperation)):
+            truth = self.truth(expr)
+            return Py(truth) if truth is not None else Unknown(code(expr), ("condition",))
+        if isinstance(expr, cst.IfExp):
+            return self.eval_if_expression(expr)
+        if isinstance(expr, (cst.Tuple, cst.List, cst.Dict)):
+            return self.eval_display(expr)
+        if isinstance(expr, cst.Attribute):
+            return self.eval_attribute(expr)
+        if isinstance(expr, cst.Subscript):
+            return self.eval_subscript(expr)
+        if isinstance(expr, cst.Call):
+            return self.eval_call(expr)
+        if isinstance(expr, cst.Await):
+            return self.eval(expr.expression)
+        if isinstance(expr, cst.Lambda):
+            return FuncRef(_lambda_as_function(expr), self.module)
+        if isinstance(expr, cst.DictComp):
+            return self.eval_dict_comprehension(expr)
+        return Unknown(code(expr), (type(expr).__name__,))
+
+    def eval_unary(self, expr: cst.UnaryOperation) -> Value:
+        operand = self.eval(expr.expression)
+        if isinstance(expr.operator, cst.Minus):
+            return self.lift1(operand, lambda n: ir.neg(n, self.origin(expr)))
+        if isinstance(expr.operator, cst.Plus):
+            return operand
+        if isinstance(expr.operator, cst.Not):
+            truth = self.truth(expr.expression)
+            return Py(not truth) if truth is not None else Unknown(code(expr), ("not",))
+        return Unknown(code(expr), ("unary",))
+
+    def eval_if_expression(self, expr: cst.IfExp) -> Value:
+        truth = self.truth(expr.test)
+        if truth is True:
+            return self.eval(expr.body)
+        if truth is False:
+            return self.eval(expr.orelse)
+        label = self.condition_label(expr.test)
+        return choice(
+            [(label, self.eval(expr.body)), (negate_condition(label), self.eval(expr.orelse))]
+        )
+
+    def eval_display(self, expr: cst.Tuple | cst.List | cst.Dict) -> Value:
+        """A tuple, list or dict written out."""
+        if isinstance(expr, cst.Dict):
+            items: dict[str, Value] = {}
+            for element in expr.elements:
+                if isinstance(element, cst.DictElement):
+                    key = self.eval(element.key)
+                    if isinstance(key, Py) and isinstance(key.value, str):
+                        items[key.value] = self.eval(element.value)
+            return DictVal(items)
+        if isinstance(expr, cst.List) and not expr.elements:
+            return Seq([], appended=True)  # a list to be filled by ``.append``
+        return Seq([self.eval(e.value) for e in expr.elements if isinstance(e, cst.Element)])
+
+    def eval_dict_comprehension(self, expr: cst.DictComp) -> Value:
+        """``{k: v[idx] for k, v in batch.items()}`` over a known dict (a
+        minibatch cut from a rollout): the same entries, each transformed."""
+        loop = expr.for_in
+        source = loop.iter
+        if (
+            loop.inner_for_in is None
+            and not loop.ifs
+            and isinstance(source, cst.Call)
+            and isinstance(source.func, cst.Attribute)
+            and source.func.attr.value == "items"
+            and isinstance(loop.target, cst.Tuple)
+            and len(loop.target.elements) == 2
+            and all(isinstance(e.value, cst.Name) for e in loop.target.elements)
+        ):
+            table = self.eval(source.func.value)
+            if isinstance(table, DictVal):
+                key_name = loop.target.elements[0].value.value  # type: ignore[attr-defined]
+                value_name = loop.target.elements[1].value.value  # type: ignore[attr-defined]
+                saved = {n: self.env.get(n) for n in (key_name, value_name)}
+                items: dict[str, Value] = {}
+                for key, item in table.items.items():
+                    self.env[key_name], self.env[value_name] = Py(key), item
+                    items[key] = self.eval(expr.value)
+                for n, v in saved.items():
+                    if v is None:
+                        self.env.pop(n, None)
+                    else:
+                        self.env[n] = v
+                return DictVal(items)
+        return Unknown(code(expr), ("comprehension",))
+
+    def lookup(self, name: str) -> Value:
+        if name in self.env:
+            return self.env[name]
+        if name in ("True", "False", "None"):
+            return Py({"True": True, "False": False, "None": None}[name])
+        if name in self.module.functions:
+            return FuncRef(self.module.functions[name], self.module)
+        if name in self.module.classes:
+            return Unknown(name, (name,), module=None, class_name=name)
+        if name in self.module.imports:
+            imported = self.module.imports[name]
+            # Leading dots keep a relative import relative: ``from ..core import f``
+            # is "..core.f", resolved from this module's package.
+            dotted = ".".join(p for p in (imported.module, imported.name) if p)
+            full = "." * imported.level + dotted
+            return Unknown(name, (name,), module=full)
+        if name in self.module.constants:
+            constant = self.module.constants[name]
+            if isinstance(constant, (cst.Dict, cst.Lambda)):
+                return self.eval(constant)  # a dispatch table: {"k3": low_var_kl, ...}
+            if isinstance(constant, cst.Call) and (dotted_name(constant.func) or "").endswith(
+                "partial"
+            ):
+                return self.eval(constant)  # mse_kl = functools.partial(kl_penalty, kind="mse")
+            if isinstance(constant, (cst.SimpleString, cst.Integer, cst.Float, cst.Name)):
+                return (
+                    self.eval(constant)
+                    if not isinstance(constant, cst.Name)
+                    else Unknown(name, (name,))
+                )
+        return Unknown(name, (name,))
+
+    def eval_attribute(self, expr: cst.Attribute) -> Value:
+        base = self.eval(expr.value)
+        attr = expr.attr.value
+        if isinstance(base, (ir.Node, Choice)) and not isinstance(base, ir.Opaque):
+            if attr == "data":
+                return self.lift1(base, lambda n: ir.detach(n, self.origin(expr)))
+            if attr in ("T", "mT", "real"):
+                return base
+            if attr == "shape":
+                # Sizes are positive constants: a normaliser, not a gradient path.
+                return ir.Atom(Role.COEFFICIENT, code(expr))
+            return Unknown(code(expr), (attr,))
+        if isinstance(base, Unknown) and base.class_name is not None:
+            member = selectors.class_constant(self.module, base.class_name, attr)
+            if member is not None:
+                return member  # ``KLEstimator.K3``: an Enum member stands for its value
+        if isinstance(base, Py) and attr in ("value", "name"):
+            return base if attr == "value" else Py(None)
+        if isinstance(base, Unknown) and attr == "shape" and base.module is None:
+            return ir.Atom(Role.COEFFICIENT, code(expr))
+        if isinstance(base, Unknown):
+            unknown = replace(
+                base,
+                text=code(expr),
+                names=(*base.names, attr),
+                stored=base.stored or (not base.call and roles.from_container(base.names)),
+                detached=base.detached or attr == "data",
+                module=f"{base.module}.{attr}" if base.module else None,
+                distribution=False,
+                class_name=None,
+            )
+            default = selectors.config_default(
+                self.context.project,
+                self.context.fs_path,
+                self.module,
+                self.function_node,
+                self.cls,
+                base,
+                attr,
+            )
+            return default if default is not None else unknown
+        if isinstance(base, (FuncRef, Py)):
+            return Unknown(code(expr), (attr,))
+        return Unknown(code(expr), (attr,))
+
+    def eval_subscript(self, expr: cst.Subscript) -> Value:
+        base = self.eval(expr.value)
+        key_value: Value | None = None
+        if len(expr.slice) == 1 and isinstance(expr.slice[0].slice, cst.Index):
+            key_value = self.eval(expr.slice[0].slice.value)
+        if (
+            isinstance(base, DictVal)
+            and isinstance(key_value, Py)
+            and isinstance(key_value.value, str)
+        ):
+            return base.items.get(key_value.value, Unknown(code(expr), (key_value.value,)))
+        if (
+            isinstance(base, DictVal)
+            and base.items
+            and key_value is not None
+            and not isinstance(key_value, Py)
+        ):
+            # A dispatch table indexed by a selector kllint cannot resolve.
+            label = full_code(expr.slice[0].slice)
+            return choice([(f"{label} == {key!r}", item) for key, item in base.items.items()])
+        if isinstance(base, Seq):
+            return self.index_sequence(expr, base, key_value)
+        if isinstance(base, Unknown):
+            key = (
+                key_value.value
+                if isinstance(key_value, Py) and isinstance(key_value.value, str)
+                else None
+            )
+            # Slicing keeps what a tensor is; a string key names what it holds.
+            return replace(
+                base,
+                text=code(expr),
+                names=(*base.names, key) if key else base.names,
+                stored=base.stored or (not base.call and roles.from_container(base.names)),
+                module=None,
+                class_name=None,
+            )
+        if isinstance(base, (ir.Node, Choice, Flipped)):
+            return base  # slicing a tensor keeps what it is
+        return Unknown(code(expr), ("subscript",))
+
+    def index_sequence(self, expr: cst.Subscript, base: Seq, key_value: Value | None) -> Value:
+        """``pair[0]``; ``steps[t]`` of rows collected in a loop; ``options[i]``
+        by an index kllint cannot resolve: one alternative per item."""
+        index: int | None = None
+        if isinstance(key_value, ir.Const) and float(key_value.value).is_integer():
+            index = int(key_value.value)
+        elif (
+            isinstance(key_value, Py)
+            and isinstance(key_value.value, int)
+            and not isinstance(key_value.value, bool)
+        ):
+            index = key_value.value
+        if index is not None and -len(base.items) <= index < len(base.items):
+            return base.items[index]
+        if base.appended:
+            return base  # ``steps[::-1]``: the same rows, reordered
+        if key_value is not None:
+            label = full_code(expr.slice[0].slice)
+            return choice([(f"{label} == {i}", item) for i, item in enumerate(base.items)])
+        return Unknown(code(expr), ("slice",))
+
+    # ----------------------------------------------------------------- conditions
+
+    def truth(self, expr: cst.BaseExpression) -> bool | None:
+        if isinstance(expr, cst.BooleanOperation):
+            first, second = self.truth(expr.left), self.truth(expr.right)
+            if isinstance(expr.operator, cst.And):
+                if first is False or second is False:
+                    return False
+                return True if first is True and second is True else None
+            if first is True or second is True:
+                return True
+            return False if first is False and second is False else None
+        if isinstance(expr, cst.UnaryOperation) and isinstance(expr.operator, cst.Not):
+            inner = self.truth(expr.expression)
+            return None if inner is None else not inner
+        if isinstance(expr, cst.Comparison):
+            left = self.eval(expr.left)
+            result: bool | None = True
+            for target in expr.comparisons:
+                right = self.eval(target.comparator)
+                outcome = compare(target.operator, left, right)
+                if outcome is None:
+                    return None
+                for side in (left, right):
+                    if isinstance(side, Py) and side.source and self.call_site is not None:
+                        note = selectors.default_note(expr.left, side)
+                        if note not in self.call_site.notes:
+                            self.call_site.notes.append(note)
+                result = result and outcome
+                left = right
+            return result
+        value = self.eval(expr)
+        if isinstance(value, Py):
+            return bool(value.value)
+        if isinstance(value, ir.Const):
+            return bool(value.value)
+        return None
+
+    def condition_label(self, test: cst.BaseExpression) -> str:
+        return selectors.condition_label(test, in_helper=self.depth > 0)
+
+
+def compare(operator: cst.BaseCompOp, left: Value, right: Value) -> bool | None:
+    def literal(v: Value) -> tuple[bool, object]:
+        if isinstance(v, Py):
+            return True, v.value
+        if isinstance(v, ir.Const):
+            return True, v.value
+        if isinstance(v, Seq):
+            items = [literal(i) for i in v.items]
+            if all(ok for ok, _ in items):
+                return True, tuple(x for _, x in items)
+        return False, None
+
+    lok, lv = literal(left)
+    rok, rv = literal(right)
+    if not (lok and rok):
+        return None
+    try:
+        if isinstance(operator, cst.Equal):
+            return bool(lv == rv)
+        if isinstance(operator, cst.NotEqual):
+            return bool(lv != rv)
+        if isinstance(operator, cst.In):
+            return bool(lv in rv)  # type: ignore[operator]
+        if isinstance(operator, cst.NotIn):
+            return bool(lv not in rv)  # type: ignore[operator]
+        if isinstance(operator, cst.Is):
+            return lv is rv if rv is None or isinstance(rv, bool) else None
+        if isinstance(operator, cst.IsNot):
+            return lv is not rv if rv is None or isinstance(rv, bool) else None
+        if isinstance(operator, cst.GreaterThan):
+            return bool(lv > rv)  # type: ignore[operator]
+        if isinstance(operator, cst.LessThan):
+            return bool(lv < rv)  # type: ignore[operator]
+        if isinstance(operator, cst.GreaterThanEqual):
+            return bool(lv >= rv)  # type: ignore[operator]
+        if isinstance(operator, cst.LessThanEqual):
+            return bool(lv <= rv)  # type: ignore[operator]
+    except TypeError:
+        return None
+    return None
+
+
+_LAMBDAS: dict[int, tuple[cst.Lambda, cst.FunctionDef]] = {}
+
+
+def _lambda_as_function(node: cst.Lambda) -> cst.FunctionDef:
+    """``lambda lp, ref: lp - ref`` as ``def lambda(lp, ref): return lp - ref``,
+    made once per lambda so that recursion guards see one function."""
+    cached = _LAMBDAS.get(id(node))
+    if cached is not None and cached[0] is node:
+        return cached[1]
+    function = cst.FunctionDef(
+        name=cst.Name("lambda"),
+        params=node.params,
+        body=cst.IndentedBlock(body=[cst.SimpleStatementLine(body=[cst.Return(value=node.body)])]),
+    )
+    _LAMBDAS[id(node)] = (node, function)
+    return function

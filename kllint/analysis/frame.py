@@ -1,0 +1,159 @@
+"""The state of one function being interpreted: its file, module and class,
+its locals, whether gradient is off, the branch conditions on the current
+path, and where what it computes is reported (its own lines, or the call
+site of the helper it was inlined into).
+
+The methods the other parts of the interpreter share live here: turning any
+value into an IR node, lifting tensor operations over choices, asking the
+role evidence what an unknown value is. The three parts are layered classes,
+one per file: ``Frame`` (this state), ``Expressions`` (``expressions.py``),
+``Calls`` (``calls.py``) and ``Interpreter`` (``interpreter.py``: statements,
+branches, loops and inlining)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import libcst as cst
+
+from kllint.analysis import ir, roles
+from kllint.analysis.lowering import TorchCall
+from kllint.analysis.module import ClassInfo, ModuleInfo
+from kllint.analysis.project import Project
+from kllint.analysis.sinks import Sink
+from kllint.analysis.values import (
+    Flipped,
+    FuncRef,
+    Py,
+    Unknown,
+    Value,
+    binary,
+    lift1,
+    lift2,
+)
+
+MAX_DEPTH = 4  # helpers inlined inside helpers, at most
+
+
+@dataclass
+@dataclass
+class FileContext:
+    path: str  # as displayed
+    fs_path: Path
+    module: ModuleInfo
+    project: Project
+    role_patterns: roles.RolePatterns
+    sinks: list[Sink] = field(default_factory=list)
+    called: frozenset[str] = frozenset()  # names of functions this file calls
+
+
+# --------------------------------------------------------------------- interpreter
+
+
+class Frame:
+    """One function being interpreted (or the module's top level)."""
+
+    def __init__(
+        self,
+        context: FileContext,
+        module: ModuleInfo,
+        cls: ClassInfo | None = None,
+        *,
+        depth: int = 0,
+        call_site: ir.Origin | None = None,
+        stack: tuple[int, ...] = (),
+        function_name: str = "<module>",
+    ) -> None:
+        self.context = context
+        self.module = module
+        self.cls = cls
+        self.depth = depth
+        self.call_site = call_site
+        self.stack = stack
+        self.function_name = function_name
+        self.env: dict[str, Value] = {}
+        self.no_grad = False
+        self.path: list[str] = []
+        self.returns: list[tuple[str, Value]] = []
+        self.loss_function = False
+        self.function_node: cst.FunctionDef | None = None
+        self.statement: cst.CSTNode | None = None
+        self.root: cst.FunctionDef | None = None  # the function being analysed (depth 0)
+
+    # ----------------------------------------------------------------- origins
+
+    def origin(self, node: cst.CSTNode) -> ir.Origin:
+        if self.call_site is not None:
+            return self.call_site
+        return ir.Origin(self.context.path, cst_node=node, statement=self.statement)
+
+    # ----------------------------------------------------------------- evidence
+
+    def resolve(
+        self, unknown: Unknown, target: str | None = None, *, keep_unknown: bool = False
+    ) -> Value:
+        """What an unknown value is (see ``roles.resolve``), here."""
+        return roles.resolve(
+            unknown,
+            self.context.role_patterns,
+            target,
+            keep_unknown=keep_unknown,
+            no_grad=self.no_grad,
+        )
+
+    def as_node(self, value: Value) -> ir.Node:
+        if isinstance(value, ir.Node):
+            return value
+        if isinstance(value, Py):
+            if isinstance(value.value, bool):
+                return ir.Const(float(value.value))
+            if isinstance(value.value, (int, float)):
+                return ir.Const(float(value.value))
+            return ir.Opaque(repr(value.value))
+        if isinstance(value, Unknown):
+            node = self.resolve(value)
+            return node if isinstance(node, ir.Node) else ir.Opaque(value.text)
+        if isinstance(value, Flipped):
+            return ir.Opaque("flipped along time")
+        return ir.Opaque(type(value).__name__)
+
+    # ----------------------------------------------------------------- arithmetic
+
+    def binary(self, op: str, left: Value, right: Value, node: cst.CSTNode) -> Value:
+        return binary(op, left, right, self.origin(node), self.as_node)
+
+    def lift1(self, value: Value, fn: Callable[[ir.Node], ir.Node]) -> Value:
+        return lift1(value, fn, self.as_node)
+
+    def lift2(self, left: Value, right: Value, fn: Callable[[ir.Node, ir.Node], ir.Node]) -> Value:
+        return lift2(left, right, fn, self.as_node)
+
+    def torch_call(self, call: cst.CSTNode) -> TorchCall:
+        return TorchCall(self.origin(call), call, self.as_node)
+
+    # ----------------------------------------------------------------- provided by the layers above
+
+    def eval(self, expr: cst.BaseExpression) -> Value:
+        raise NotImplementedError
+
+    def eval_call(self, call: cst.Call) -> Value:
+        raise NotImplementedError
+
+    def truth(self, expr: cst.BaseExpression) -> bool | None:
+        raise NotImplementedError
+
+    def inline(self, ref: FuncRef, call: cst.Call) -> Value:
+        raise NotImplementedError
+
+    def add_sink(
+        self,
+        value: Value,
+        description: str,
+        strong: bool,
+        node: cst.CSTNode,
+        *,
+        backward: bool = False,
+    ) -> None:
+        raise NotImplementedError
