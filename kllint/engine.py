@@ -8,15 +8,14 @@ import re
 import traceback
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import libcst
 
-from kllint.analysis.check import check_source
 from kllint.analysis.project import Project
 from kllint.config import Settings
-from kllint.findings import FileError, Finding
+from kllint.driver import check_source
+from kllint.findings import FileError, Finding, LintResult
 from kllint.suppression import is_suppressed, parse_suppressions
 
 # Never descended into (besides hidden directories); a path named on the
@@ -26,17 +25,6 @@ SKIPPED_DIRS = frozenset({"__pycache__", "venv", "build", "dist", "node_modules"
 
 class MissingPathError(Exception):
     """A path named on the command line does not exist."""
-
-
-@dataclass
-class LintResult:
-    findings: list[Finding]
-    errors: list[FileError]  # files that could not be checked: syntax, encoding, a crash
-    files_checked: int
-    internal_errors: int = 0  # how many of ``errors`` are kllint crashing, not bad input
-    # The text of each file with findings, by displayed path: reporters show
-    # the offending line and fingerprint it.
-    sources: dict[str, str] = field(default_factory=dict, repr=False)
 
 
 # Below this many files a worker pool costs more (process start, a second

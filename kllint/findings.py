@@ -1,4 +1,5 @@
-"""What a rule reports."""
+"""What a lint run reports: findings, files that could not be checked, and
+the result of a run as reporters see it (no engine import needed)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ class Finding:
     column: int  # 1-based
     end_line: int
     end_column: int
-    message: str
+    message: str  # one line: what is wrong, in the code's own names
     severity: str = "error"  # "error" | "warning"
     fix_title: str | None = None
     # The facts behind the message, for json/sarif consumers:
@@ -29,6 +30,9 @@ class Finding:
     site: KLSite | None = field(default=None, repr=False, compare=False)
     # Filled by --confirm: {"verdict": ..., ...}
     confirmation: dict[str, Any] | None = None
+    # Why, under the headline: the reasoning, the resolved selector, how the
+    # term reaches the loss, the helper it is computed in.
+    notes: list[str] = field(default_factory=list)
 
     def sort_key(self) -> tuple[str, int, int, str]:
         return (self.path, self.line, self.column, self.code)
@@ -42,3 +46,14 @@ class FileError:
     line: int
     column: int
     message: str
+
+
+@dataclass
+class LintResult:
+    findings: list[Finding]
+    errors: list[FileError]  # files that could not be checked: syntax, encoding, a crash
+    files_checked: int
+    internal_errors: int = 0  # how many of ``errors`` are kllint crashing, not bad input
+    # The text of each file with findings, by displayed path: reporters show
+    # the offending line and fingerprint it.
+    sources: dict[str, str] = field(default_factory=dict, repr=False)

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from kllint.analysis.check import check_source
 from kllint.analysis.project import Project
 from kllint.analysis.roles import RolePatterns
+from kllint.driver import check_source
 
 FIXTURES = Path(__file__).parent / "fixtures"
 FILES = sorted(p for p in FIXTURES.rglob("*.py"))

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kllint.analysis.check import may_hold_kl_site
 from kllint.config import load_settings
+from kllint.driver import may_hold_kl_site
 from kllint.engine import lint_paths
 
 

@@ -7,9 +7,9 @@ import re
 
 import pytest
 
-from kllint.analysis.check import check_source
 from kllint.analysis.project import Project
 from kllint.analysis.roles import RolePatterns
+from kllint.driver import check_source
 from kllint.rulebook import find_rule_page, parse_sections
 from kllint.rules import RULES
 

@@ -11,8 +11,9 @@ log-prob arithmetic rather than a separate loss.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+
+import libcst as cst
 
 from kllint.analysis import ir
 from kllint.analysis.gradient import (
@@ -23,21 +24,9 @@ from kllint.analysis.gradient import (
     profile,
 )
 from kllint.analysis.ir import Role
-from kllint.analysis.roles import has_words, words
+from kllint.analysis.roles import CURRENT_WORDS, PREFERENCE_WORDS, TOKEN_WORDS, has_words
 
 _LOGPROB_ROLES = (Role.POLICY_LOGP, Role.OLD_LOGP)
-_TOKEN_WORDS = frozenset(
-    {
-        "token",
-        "tokens",
-        "completion",
-        "completions",
-        "response",
-        "responses",
-        "generation",
-        "generated",
-    }
-)
 
 
 @dataclass
@@ -58,7 +47,10 @@ class KLSite:
     profile: GradientProfile = UNCLASSIFIED
     estimator: str = "KL estimate"
     branch: str = ""  # the condition under which this alternative is taken
-    facts: dict[str, Any] = field(default_factory=dict)
+    # Where the loss holding the term comes from.
+    loss_detached: bool = False  # the whole loss is detached (``return loss.detach()``)
+    function_node: cst.CSTNode | None = None  # the function whose sink it reaches
+    backward: bool = False  # the loss reaches ``.backward()`` itself
 
     @property
     def policy_names(self) -> list[str]:
@@ -109,7 +101,7 @@ class KLSite:
             ):
                 return True
             if isinstance(node, ir.Atom) and (
-                node.role is Role.MASK or has_words(node.name, _TOKEN_WORDS)
+                node.role is Role.MASK or has_words(node.name, TOKEN_WORDS)
             ):
                 return True
         return False
@@ -153,11 +145,7 @@ def _is_preference_contrast(term: ir.Node) -> bool:
     reference = _names(term, Role.REFERENCE_LOGP)
     if len(policy) >= 2 and len(reference) >= 2:
         return True
-    return any(
-        w in ("chosen", "rejected", "preferred", "dispreferred", "win", "lose", "winner", "loser")
-        for n in policy + reference
-        for w in words(n)
-    )
+    return any(has_words(n, PREFERENCE_WORDS) for n in policy + reference)
 
 
 def _has_reference(node: ir.Node) -> bool:
@@ -308,15 +296,12 @@ def _has_ratio_factor(term: ir.Node, focus: ir.Node) -> bool:
 _PROFILES: dict[tuple[object, ...], GradientProfile | None] = {}
 
 
-_CURRENT_WORDS = frozenset({"new", "cur", "curr", "current", "online", "updated"})
-
-
 def _behaviour_by_contrast(term: ir.Node) -> ir.Node:
     """``exp(new_logprobs - logprobs)``: when a term holds a policy log-prob
     named as the current one (new, current) and others named plainly, the
     plain ones are the rollout's (behaviour policy, no gradient)."""
     names = _names(term, Role.POLICY_LOGP)
-    current = [n for n in names if has_words(n, _CURRENT_WORDS)]
+    current = [n for n in names if has_words(n, CURRENT_WORDS)]
     if not current or len(current) == len(names):
         return term
     mapping: dict[int, ir.Node] = {

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from kllint.engine import LintResult
+from kllint.findings import LintResult
 from kllint.reporters import github, json_output, sarif, text
 
 FORMATS = ("full", "concise", "json", "github", "sarif")

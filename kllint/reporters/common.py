@@ -9,8 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from kllint.analysis import ir
-from kllint.engine import LintResult
-from kllint.findings import FileError, Finding
+from kllint.findings import FileError, Finding, LintResult
 
 FILE_ERROR_CODE = "E999"
 FILE_ERROR_NAME = "file-error"

@@ -3,8 +3,7 @@ annotations on the pull request's diff."""
 
 from __future__ import annotations
 
-from kllint.engine import LintResult
-from kllint.findings import FileError
+from kllint.findings import FileError, LintResult
 from kllint.reporters.common import FILE_ERROR_CODE, entries, repo_relative, repo_root
 
 

@@ -10,8 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from kllint.engine import LintResult
-from kllint.findings import FileError, Finding
+from kllint.findings import FileError, Finding, LintResult
 from kllint.reporters.common import FILE_ERROR_CODE, FILE_ERROR_NAME, entries, jsonable
 
 
@@ -33,6 +32,7 @@ def _entry(entry: Finding | FileError) -> dict[str, Any]:
             "message": entry.message,
             "fix_title": None,
             "facts": {},
+            "notes": [],
         }
     data = {
         "code": entry.code,
@@ -46,6 +46,7 @@ def _entry(entry: Finding | FileError) -> dict[str, Any]:
         "message": entry.message,
         "fix_title": entry.fix_title,
         "facts": entry.facts,
+        "notes": entry.notes,
     }
     if entry.confirmation is not None:
         data["confirmation"] = entry.confirmation

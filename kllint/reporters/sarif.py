@@ -15,8 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from kllint import __version__
-from kllint.engine import LintResult
-from kllint.findings import FileError, Finding
+from kllint.findings import FileError, Finding, LintResult
 from kllint.reporters.common import FILE_ERROR_CODE, jsonable, repo_relative, repo_root, source_line
 from kllint.rulebook import find_rule_page, parse_sections
 from kllint.rules import RULES, RuleInfo

@@ -7,8 +7,7 @@ from typing import Any
 
 import click
 
-from kllint.engine import LintResult
-from kllint.findings import FileError, Finding
+from kllint.findings import FileError, Finding, LintResult
 from kllint.reporters.common import FILE_ERROR_CODE, entries, source_line
 
 
@@ -22,6 +21,7 @@ def render_full(result: LintResult, *, color: bool = False) -> str:
         text = source_line(result, entry.path, entry.line)
         if text is not None:
             lines += _snippet(entry, text, color)
+        lines += [f"  = {_style('note', color, bold=True)}: {note}" for note in entry.notes]
         if entry.fix_title:
             lines.append(f"  = {_style('help', color, bold=True)}: {entry.fix_title}")
         if entry.confirmation is not None:

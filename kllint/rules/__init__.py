@@ -1,81 +1,50 @@
-"""The rules: one module per rule, each a predicate over KL sites.
+"""The rules: one module per rule (``klNNN_<name>.py``), each declaring one
+``Rule`` named ``RULE``.
 
-``RULES`` is the public contract of codes and names."""
+``RULES`` is discovered from the modules of this package, so a new rule is
+one new module (and its page in the rule book, ``rules/KLNNN.md``); a module
+that declares no rule, or a rule under another module's code, fails on
+import instead of being skipped. ``tests/test_rule_registry.py`` holds the
+modules, the registry and the pages together."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import importlib
+import pkgutil
+import re
+
+from kllint.rules.base import Rule
+
+RuleInfo = Rule  # the name the reporters and the CLI know
+
+_MODULE = re.compile(r"(kl\d{3})_\w+")
 
 
-@dataclass(frozen=True)
-class RuleInfo:
-    code: str
-    name: str
-    summary: str  # one line: what fires it
-    severity: str = "error"
+def _discover() -> dict[str, Rule]:
+    found: list[Rule] = []
+    for module_info in pkgutil.iter_modules(__path__):
+        match = _MODULE.fullmatch(module_info.name)
+        if match is None:
+            continue
+        module = importlib.import_module(f"{__name__}.{module_info.name}")
+        rule = getattr(module, "RULE", None)
+        if not isinstance(rule, Rule):
+            raise ImportError(f"{module.__name__} declares no RULE")
+        if rule.code.lower() != match.group(1):
+            raise ImportError(
+                f"{module.__name__} declares {rule.code}, not {match.group(1).upper()}"
+            )
+        found.append(rule)
+    return {rule.code: rule for rule in sorted(found, key=lambda r: r.code)}
 
 
-RULES: dict[str, RuleInfo] = {
-    info.code: info
-    for info in (
-        RuleInfo(
-            "KL001",
-            "differentiated-k1-estimate",
-            "The k1 estimate log pi - log pi_ref is differentiated as a loss: its expected gradient is zero.",
-        ),
-        RuleInfo(
-            "KL002",
-            "differentiated-k3-estimate",
-            "The k3 / low_var_kl estimate is differentiated as a loss: its expected gradient is that of KL(pi_ref||pi), not KL(pi||pi_ref).",
-        ),
-        RuleInfo(
-            "KL003",
-            "token-level-kl-gradient",
-            "A per-token KL gradient term is summed over tokens (or a per-token KL penalty enters a policy gradient without a reward-to-go): a partial gradient of the sequence KL(pi||pi_ref).",
-        ),
-        RuleInfo(
-            "KL004",
-            "k3-estimate-as-reward",
-            "The k3 estimate is used as a reward (score-function weight): its expected gradient is grad KL(pi||pi_ref) - grad KL(pi_ref||pi), nearly zero near the reference.",
-        ),
-        RuleInfo(
-            "KL005",
-            "kl-loss-without-gradient",
-            "A KL term reaches a loss but is computed without gradient (under no_grad, or detached): the regulariser does nothing.",
-        ),
-        RuleInfo(
-            "KL006",
-            "negated-kl-penalty",
-            "A KL penalty enters a minimised loss with a negative sign (or a KL reward is added): gradient descent increases KL(pi||pi_ref).",
-        ),
-    )
-}
+RULES: dict[str, Rule] = _discover()
 
 
-def lookup(code_or_name: str) -> list[RuleInfo]:
+def lookup(code_or_name: str) -> list[Rule]:
     """Rules matched by a code, a code prefix (``KL``, ``KL00``) or a name."""
     key = code_or_name.strip()
     if not key:
         return []
     upper = key.upper()
     return [r for r in RULES.values() if r.code.startswith(upper) or r.name == key.lower()]
-
-
-def all_rules() -> list:  # list[kllint.rules.base.Rule]; imported lazily to keep this module light
-    from kllint.rules import (
-        kl001_differentiated_k1,
-        kl002_differentiated_k3,
-        kl003_token_level_kl,
-        kl004_k3_as_reward,
-        kl005_kl_loss_without_gradient,
-        kl006_negated_kl_penalty,
-    )
-
-    return [
-        kl001_differentiated_k1.RULE,
-        kl002_differentiated_k3.RULE,
-        kl003_token_level_kl.RULE,
-        kl004_k3_as_reward.RULE,
-        kl005_kl_loss_without_gradient.RULE,
-        kl006_negated_kl_penalty.RULE,
-    ]

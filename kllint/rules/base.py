@@ -1,44 +1,39 @@
-"""What every rule shares: turning a KL site into a finding."""
+"""What every rule declares, and the words every finding shares.
+
+A rule is one declaration: its code and name, a one-line summary, a
+predicate over a KL site (the verdict), a headline and the reasoning for a
+finding, a fix title, and what the harness must measure when it confirms
+the finding. The per-file driver (``kllint.driver``) asks each rule for its
+verdict and builds the finding once the site's position is known."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 from kllint.analysis.sites import KLSite
-from kllint.findings import Finding
-from kllint.rules import RULES
 
 
 @dataclass(frozen=True)
 class Rule:
-    code: str
-    applies: Callable[[KLSite], bool]
-    message: Callable[[KLSite], str]
+    code: str  # "KL002"
+    name: str  # "differentiated-k3-estimate"
+    summary: str  # one line: what fires it
+    applies: Callable[[KLSite], bool] = field(repr=False)  # the verdict
+    headline: Callable[[KLSite], str] = field(repr=False)  # what is wrong, in the code's names
+    reason: Callable[[KLSite], str] = field(repr=False)  # why: the first note of a finding
     fix_title: str
+    # What ``--confirm`` must measure on sequences: the harness's verdict, or
+    # the target a scaled or biased gradient is closest to.
+    confirms: Mapping[str, frozenset[str]] = field(default_factory=dict, repr=False)
+    severity: str = "error"  # "error" | "warning"
 
-    def check(self, site: KLSite) -> Finding | None:
-        if not self.applies(site):
-            return None
-        info = RULES[self.code]
-        origin = site.origin
-        return Finding(
-            code=self.code,
-            name=info.name,
-            path=origin.path,
-            line=origin.line,
-            column=origin.column,
-            end_line=origin.end_line,
-            end_column=origin.end_column,
-            message=self.message(site),
-            severity=info.severity,
-            fix_title=self.fix_title,
-            facts=facts(site),
-            site=site,
-        )
+    def check(self, site: KLSite) -> bool:
+        return self.applies(site)
 
 
 def facts(site: KLSite) -> dict[str, object]:
+    """The facts behind a finding, for json and sarif consumers."""
     p = site.profile
     return {
         "estimator": site.estimator,
@@ -64,20 +59,42 @@ def names(values: list[str]) -> str:
     return ", ".join(f"`{v}`" for v in values) if values else "?"
 
 
-def where(site: KLSite) -> str:
-    """The shared middle of every message: estimator, roles, sink, branch."""
+def estimator(site: KLSite) -> str:
+    """The estimator's short name for a headline (the full name is in the facts)."""
+    name = site.estimator
+    if name.startswith("exact "):
+        return "exact KL"  # over the vocabulary, at each position
+    return name.split(" (")[0]  # "k3 (low_var_kl)" -> "k3"
+
+
+def estimate(site: KLSite, word: str = "estimate") -> str:
+    """``k3 (low_var_kl) estimate `logp`/`ref_logp```: the estimator and the
+    log-probs it compares, in the code's own names."""
+    kind = estimator(site)
+    if word and not kind.endswith(("estimate", "penalty", "KL")):
+        kind += f" {word}"
+    policy = (site.estimate_names or site.policy_names)[:1]
+    reference = site.reference_names[:1]
+    return f"{kind} `{policy[0] if policy else '?'}`/`{reference[0] if reference else '?'}`"
+
+
+def context_notes(site: KLSite) -> list[str]:
+    """The notes every finding shares: roles, gradient path, sink, helper, branch."""
     estimate_from = site.estimate_names or site.policy_names
-    parts = [
+    notes = [
         f"computed from {names(estimate_from)} against {names(site.reference_names)} (reference)"
     ]
     gradient = site.gradient_names
     if gradient:
-        parts.append(f"with gradient through {names(gradient)} (policy)")
+        notes.append(f"gradient flows through {names(gradient)} (policy)")
     else:
-        parts.append("with no gradient path to the policy")
-    text = ", ".join(parts) + f", reaching the loss through {site.sink}"
+        notes.append("no gradient path to the policy")
+    notes.append(f"reaches the loss through {site.sink}")
     if site.origin.helper:
-        text += f"; computed in {site.origin.helper}"
+        notes.append(f"computed in {site.origin.helper}")
     if site.branch:
-        text += f" when {site.branch} (a selector kllint could not resolve statically: this branch is reachable)"
-    return text
+        notes.append(
+            f"when {site.branch} (a selector kllint could not resolve statically: "
+            "this branch is reachable)"
+        )
+    return notes

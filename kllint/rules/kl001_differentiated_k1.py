@@ -10,16 +10,19 @@ from __future__ import annotations
 
 from kllint.analysis.gradient import Credit, Direction
 from kllint.analysis.sites import KLSite
-from kllint.rules.base import Rule, where
+from kllint.rules.base import Rule, estimate
 
 
 def applies(site: KLSite) -> bool:
     return site.profile.direction is Direction.ZERO and site.profile.credit in (Credit.NONE,)
 
 
-def message(site: KLSite) -> str:
+def headline(site: KLSite) -> str:
+    return f"{estimate(site)} differentiated as a loss: zero expected gradient"
+
+
+def reason(site: KLSite) -> str:
     return (
-        f"{site.estimator} estimate of KL(pi||pi_ref) is differentiated as a loss, {where(site)}: "
         "autograd gives grad log pi, and E_pi[grad log pi] = 0, so the KL term has zero expected "
         "gradient and does not regularise"
     )
@@ -27,8 +30,12 @@ def message(site: KLSite) -> str:
 
 RULE = Rule(
     code="KL001",
+    name="differentiated-k1-estimate",
+    summary="The k1 estimate log pi - log pi_ref is differentiated as a loss: its expected gradient is zero.",
     applies=applies,
-    message=message,
+    headline=headline,
+    reason=reason,
     fix_title="Use k2 `0.5 * log_ratio**2` summed with a reward-to-go, or the score function "
     "`reverse_cumsum(log_ratio.detach()) * logp`",
+    confirms={"sequences": frozenset({"zero-gradient"})},
 )

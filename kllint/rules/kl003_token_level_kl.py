@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from kllint.analysis.gradient import Credit, Direction
 from kllint.analysis.sites import KLSite
-from kllint.rules.base import Rule, where
+from kllint.rules.base import Rule, estimate
 
 
 def applies(site: KLSite) -> bool:
@@ -25,25 +25,39 @@ def applies(site: KLSite) -> bool:
     )
 
 
-def message(site: KLSite) -> str:
+def _as_reward(site: KLSite) -> bool:
+    """The KL is a detached weight (a reward, a penalty in the advantage)."""
+    return site.score_function and not site.origin.estimate
+
+
+def headline(site: KLSite) -> str:
+    if _as_reward(site):
+        return f"per-token {estimate(site, 'penalty')} has no reward-to-go: partial sequence KL gradient"
+    weighted = "IS-weighted " if site.importance_weighted else ""
+    return f"per-token {weighted}{estimate(site, '')} summed: partial sequence KL gradient"
+
+
+def reason(site: KLSite) -> str:
     consequence = (
         "its gradient sum_t log_ratio_t * grad log pi(y_t|y_<t) drops the KL that each token causes "
         "later (sum_{s>t} log_ratio_s), a partial gradient of the sequence KL(pi||pi_ref)"
     )
-    if site.score_function and not site.origin.estimate:
-        # The KL is a detached weight (a reward, a penalty in the advantage).
+    if _as_reward(site):
         return (
-            f"per-token {site.estimator} penalty weights only its own token's log-prob (a reward "
-            f"without a reward-to-go), {where(site)}: {consequence}"
+            "it weights only its own token's log-prob (a reward without a reward-to-go): "
+            + consequence
         )
-    form = f"importance-weighted {site.estimator}" if site.importance_weighted else site.estimator
-    return f"per-token {form} is summed over tokens as a loss, {where(site)}: {consequence}"
+    return consequence
 
 
 RULE = Rule(
     code="KL003",
+    name="token-level-kl-gradient",
+    summary="A per-token KL gradient term is summed over tokens (or a per-token KL penalty enters a policy gradient without a reward-to-go): a partial gradient of the sequence KL(pi||pi_ref).",
     applies=applies,
-    message=message,
+    headline=headline,
+    reason=reason,
     fix_title="Weight each token's log-prob by the reward-to-go G_t = sum_{s>=t} log_ratio_s.detach() "
     "(a reverse cumulative sum)",
+    confirms={"sequences": frozenset({"partial", "partial KL(pi||pi_ref)"})},
 )

@@ -11,23 +11,31 @@ from __future__ import annotations
 
 from kllint.analysis.gradient import Direction
 from kllint.analysis.sites import KLSite
-from kllint.rules.base import Rule, where
+from kllint.rules.base import Rule, estimate
 
 
 def applies(site: KLSite) -> bool:
     return site.profile.direction is Direction.K3_REWARD and site.profile.scale > 0
 
 
-def message(site: KLSite) -> str:
+def headline(site: KLSite) -> str:
+    return f"{estimate(site)} used as a reward: gradient nearly zero near the reference"
+
+
+def reason(site: KLSite) -> str:
     return (
-        f"{site.estimator} estimate is used as a reward (a detached weight on log pi), {where(site)}: "
-        "its expected gradient is grad KL(pi||pi_ref) - grad KL(pi_ref||pi), nearly zero near the reference"
+        "as a detached weight on log pi its expected gradient is "
+        "grad KL(pi||pi_ref) - grad KL(pi_ref||pi), nearly zero near the reference"
     )
 
 
 RULE = Rule(
     code="KL004",
+    name="k3-estimate-as-reward",
+    summary="The k3 estimate is used as a reward (score-function weight): its expected gradient is grad KL(pi||pi_ref) - grad KL(pi_ref||pi), nearly zero near the reference.",
     applies=applies,
-    message=message,
+    headline=headline,
+    reason=reason,
     fix_title="Use the k1 log-ratio as the per-token reward and credit it with a reward-to-go",
+    confirms={"sequences": frozenset({"biased"})},
 )

@@ -11,7 +11,7 @@ from __future__ import annotations
 from kllint.analysis import ir
 from kllint.analysis.gradient import Direction
 from kllint.analysis.sites import KLSite
-from kllint.rules.base import Rule, where
+from kllint.rules.base import Rule, estimate
 
 
 def applies(site: KLSite) -> bool:
@@ -19,7 +19,7 @@ def applies(site: KLSite) -> bool:
     # ``return loss.detach()`` for logging detaches everything on purpose.
     return (
         site.profile.direction is Direction.NONE
-        and not bool(site.facts.get("loss_detached"))
+        and not site.loss_detached
         # A claim of absence: an unknown factor might be the gradient path,
         # and a policy log-prob outside any detach means the zero came from
         # two log-probs kllint cannot tell apart, not from a missing path.
@@ -28,9 +28,12 @@ def applies(site: KLSite) -> bool:
     )
 
 
-def message(site: KLSite) -> str:
+def headline(site: KLSite) -> str:
+    return f"{estimate(site, 'term')} in the loss has no gradient: the KL does not regularise"
+
+
+def reason(site: KLSite) -> str:
     return (
-        f"{site.estimator} term is added to the loss but carries no gradient, {where(site)}: "
         "it was computed under no_grad, detached, or from stored log-probs, so its gradient is 0 "
         "and the KL does not regularise"
     )
@@ -38,7 +41,11 @@ def message(site: KLSite) -> str:
 
 RULE = Rule(
     code="KL005",
+    name="kl-loss-without-gradient",
+    summary="A KL term reaches a loss but is computed without gradient (under no_grad, or detached): the regulariser does nothing.",
     applies=applies,
-    message=message,
+    headline=headline,
+    reason=reason,
     fix_title="Compute the policy log-probs of the KL term with gradient (outside torch.no_grad(), without .detach())",
+    confirms={"sequences": frozenset({"zero-gradient"})},
 )

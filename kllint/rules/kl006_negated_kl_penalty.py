@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from kllint.analysis.gradient import Direction
 from kllint.analysis.sites import KLSite
-from kllint.rules.base import Rule, where
+from kllint.rules.base import Rule, estimate
 
 
 def applies(site: KLSite) -> bool:
@@ -20,17 +20,28 @@ def applies(site: KLSite) -> bool:
     return site.strong_sink and p.direction in (Direction.KL, Direction.REVERSE_KL) and p.scale < 0
 
 
-def message(site: KLSite) -> str:
-    target = "KL(pi||pi_ref)" if site.profile.direction is Direction.KL else "KL(pi_ref||pi)"
+def _target(site: KLSite) -> str:
+    return "KL(pi||pi_ref)" if site.profile.direction is Direction.KL else "KL(pi_ref||pi)"
+
+
+def headline(site: KLSite) -> str:
+    return f"{estimate(site, 'penalty')} negated in a minimised loss: increases {_target(site)}"
+
+
+def reason(site: KLSite) -> str:
     return (
-        f"{site.estimator} penalty enters the minimised loss with a negative sign, {where(site)}: "
-        f"its expected gradient is -grad {target}, so each step increases the KL to the reference"
+        f"its expected gradient is -grad {_target(site)}, so each step increases the KL "
+        "to the reference"
     )
 
 
 RULE = Rule(
     code="KL006",
+    name="negated-kl-penalty",
+    summary="A KL penalty enters a minimised loss with a negative sign (or a KL reward is added): gradient descent increases KL(pi||pi_ref).",
     applies=applies,
-    message=message,
+    headline=headline,
+    reason=reason,
     fix_title="Add the KL penalty to the loss (`loss = pg_loss + beta * kl`), or subtract it from the rewards",
+    confirms={"sequences": frozenset({"negated"})},
 )
