@@ -25,6 +25,7 @@ FILES = sorted((ROOT / "tests" / "fixtures").rglob("*.py")) + sorted(
     (ROOT / "examples").glob("*.py")
 )
 
+
 def test_every_finding_is_confirmed_as_the_rule_claims() -> None:
     pytest.importorskip("torch")
     from kllint.harness import confirm_site
