@@ -167,10 +167,7 @@ def _evaluate_uncached(
     if isinstance(node, ir.Atom):
         values = _atom_values(node.role, point)
         if node.level is Level.SEQUENCE:
-            total = Dual(
-                sum(d.value for d in values), [sum(col) for col in zip(*(d.grad for d in values))]
-            )
-            return [total], False
+            return [_total(values)], False
         return values, True
     if isinstance(node, ir.Unary):
         values, per_token = _evaluate(node.arg, point, memo, detached or node.op == "detach")
@@ -183,68 +180,73 @@ def _evaluate_uncached(
         return [_dual_binary(node.op, a, b) for a, b in zip(left, right)], per_token
     if isinstance(node, ir.Clamp):
         values, per_token = _evaluate(node.arg, point, memo, detached)
-        clamped: list[Dual] = []
-        for d in values:
-            if node.low is not None and d.value < node.low:
-                clamped.append(Dual.const(node.low, n))
-            elif node.high is not None and d.value > node.high:
-                clamped.append(Dual.const(node.high, n))
-            else:
-                clamped.append(d)
-        return clamped, per_token
+        return [_clamped(d, node.low, node.high, n) for d in values], per_token
     if isinstance(node, ir.Reduce):
-        values, per_token = _evaluate(node.arg, point, memo, detached)
-        if detached and node.axis is not Axis.TIME:
-            # A batch statistic in a detached weight (a whitened advantage, a
-            # group baseline). A mean over a large batch is a constant that does
-            # not depend on this sample; a sum holds this sample once, plus a
-            # constant: (sum(r) - r) / (k - 1), the leave-one-out baseline,
-            # does not depend on r.
-            if node.kind == "mean":
-                return [Dual.const(_WEIGHT, n)], False
-            own = values
-            if per_token:
-                own = [
-                    Dual(
-                        sum(d.value for d in values),
-                        [sum(col) for col in zip(*(d.grad for d in values))],
-                    )
-                ]
-            return [Dual(d.value + _WEIGHT, d.grad) for d in own], False
-        if node.axis is Axis.BATCH or not per_token:
-            return values, per_token
-        weights = [1.0] * len(values)
-        if node.mask is not None:
-            mask_values, mask_per_token = _evaluate(node.mask, point, memo, detached)
-            weights = [
-                d.value for d in (mask_values if mask_per_token else mask_values * len(values))
-            ]
-        total = Dual(
-            sum(w * d.value for w, d in zip(weights, values)),
-            [sum(w * d.grad[i] for w, d in zip(weights, values)) for i in range(n)],
-        )
-        if node.kind == "mean":
-            count = sum(weights)
-            if count == 0:
-                raise Unsupported("empty mean")
-            total = Dual(total.value / count, [g / count for g in total.grad])
-        return [total], False
+        return _reduced(node, point, memo, detached)
     if isinstance(node, ir.CumSum):
-        values, per_token = _evaluate(node.arg, point, memo, detached)
-        if not per_token:
-            return values, per_token
-        order = range(len(values) - 1, -1, -1) if node.reverse else range(len(values))
-        out: list[Dual] = [Dual.const(0.0, n)] * len(values)
-        running = Dual.const(0.0, n)
-        for t in order:
-            running = _dual_binary("add", running, values[t])
-            out[t] = running
-        return out, True
+        return _cumulative(node, point, memo, detached)
     if isinstance(node, ir.Opaque):
         # An opaque value carries no gradient through the policy as far as
         # kllint can tell: a weight (see ir.Opaque).
         return [Dual.const(_WEIGHT, n)], False
     raise Unsupported(type(node).__name__)
+
+
+def _total(values: Value) -> Dual:
+    return Dual(sum(d.value for d in values), [sum(col) for col in zip(*(d.grad for d in values))])
+
+
+def _clamped(d: Dual, low: float | None, high: float | None, n: int) -> Dual:
+    if low is not None and d.value < low:
+        return Dual.const(low, n)
+    if high is not None and d.value > high:
+        return Dual.const(high, n)
+    return d
+
+
+def _reduced(node: ir.Reduce, point: _Point, memo: Memo, detached: bool) -> tuple[Value, bool]:
+    n = len(point.log_ratio)
+    values, per_token = _evaluate(node.arg, point, memo, detached)
+    if detached and node.axis is not Axis.TIME:
+        # A batch statistic in a detached weight (a whitened advantage, a
+        # group baseline). A mean over a large batch is a constant that does
+        # not depend on this sample; a sum holds this sample once, plus a
+        # constant: (sum(r) - r) / (k - 1), the leave-one-out baseline,
+        # does not depend on r.
+        if node.kind == "mean":
+            return [Dual.const(_WEIGHT, n)], False
+        own = [_total(values)] if per_token else values
+        return [Dual(d.value + _WEIGHT, d.grad) for d in own], False
+    if node.axis is Axis.BATCH or not per_token:
+        return values, per_token
+    weights = [1.0] * len(values)
+    if node.mask is not None:
+        mask_values, mask_per_token = _evaluate(node.mask, point, memo, detached)
+        weights = [d.value for d in (mask_values if mask_per_token else mask_values * len(values))]
+    total = Dual(
+        sum(w * d.value for w, d in zip(weights, values)),
+        [sum(w * d.grad[i] for w, d in zip(weights, values)) for i in range(n)],
+    )
+    if node.kind == "mean":
+        count = sum(weights)
+        if count == 0:
+            raise Unsupported("empty mean")
+        total = Dual(total.value / count, [g / count for g in total.grad])
+    return [total], False
+
+
+def _cumulative(node: ir.CumSum, point: _Point, memo: Memo, detached: bool) -> tuple[Value, bool]:
+    n = len(point.log_ratio)
+    values, per_token = _evaluate(node.arg, point, memo, detached)
+    if not per_token:
+        return values, per_token
+    order = range(len(values) - 1, -1, -1) if node.reverse else range(len(values))
+    out: list[Dual] = [Dual.const(0.0, n)] * len(values)
+    running = Dual.const(0.0, n)
+    for t in order:
+        running = _dual_binary("add", running, values[t])
+        out[t] = running
+    return out, True
 
 
 def _atom_values(role: Role, point: _Point) -> Value:
@@ -415,34 +417,41 @@ def profile(term: ir.Node) -> GradientProfile:
             return GradientProfile(
                 direction, scale, Credit.NOT_SEPARABLE, _is_sequence_k3(points, coefficients), False
             )
-        big = max(abs(v) for v in w) or 1.0
-        future: list[bool] = []  # per later token: credits t with its KL at the local scale
-        others = [s for s in range(HORIZON) if s != t]
-        for j, s in enumerate(others):
-            a1, a2, quad = w[4 + 3 * j : 7 + 3 * j]
-            if max(abs(a1), abs(a2), abs(quad)) > 1e-6 * big:
-                token_level = False
-            if s < t:
-                continue  # earlier tokens act as a baseline
-            if max(abs(a1), abs(quad)) <= 1e-6 * big:
-                future.append(False)  # exp(-x_s) alone has conditional mean 1: no credit
-            elif abs(quad) <= 1e-6 * big and abs(a1 - w[1]) <= 1e-6 * big and w[1] != 0:
-                future.append(True)
-            else:
-                credits.append(Credit.OTHER)
-        if future:
-            credits.append(
-                Credit.REWARD_TO_GO
-                if all(future)
-                else Credit.NONE
-                if not any(future)
-                else Credit.OTHER
-            )
+        token_credits, depends_on_others = _token_credits(t, w)
+        credits += token_credits
+        token_level = token_level and not depends_on_others
     if Credit.OTHER in credits or len(set(credits)) > 1:
         credit = Credit.OTHER
     else:
         credit = credits[0] if credits else Credit.NONE
     return GradientProfile(direction, scale, credit, False, token_level)
+
+
+def _token_credits(t: int, w: list[float]) -> tuple[list[Credit], bool]:
+    """How token t's fitted coefficient ``w`` credits it with later tokens'
+    KL, and whether it depends on other tokens at all."""
+    big = max(abs(v) for v in w) or 1.0
+    credits: list[Credit] = []
+    depends_on_others = False
+    future: list[bool] = []  # per later token: credits t with its KL at the local scale
+    others = [s for s in range(HORIZON) if s != t]
+    for j, s in enumerate(others):
+        a1, a2, quad = w[4 + 3 * j : 7 + 3 * j]
+        if max(abs(a1), abs(a2), abs(quad)) > 1e-6 * big:
+            depends_on_others = True
+        if s < t:
+            continue  # earlier tokens act as a baseline
+        if max(abs(a1), abs(quad)) <= 1e-6 * big:
+            future.append(False)  # exp(-x_s) alone has conditional mean 1: no credit
+        elif abs(quad) <= 1e-6 * big and abs(a1 - w[1]) <= 1e-6 * big and w[1] != 0:
+            future.append(True)
+        else:
+            credits.append(Credit.OTHER)
+    if future:
+        credits.append(
+            Credit.REWARD_TO_GO if all(future) else Credit.NONE if not any(future) else Credit.OTHER
+        )
+    return credits, depends_on_others
 
 
 def _is_sequence_k3(points: list[_Point], coefficients: list[list[float]]) -> bool:

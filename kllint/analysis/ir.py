@@ -76,10 +76,6 @@ class Origin:
     # expected gradient instead (an exact divergence over the vocabulary).
     estimate: str | None = None
 
-    def describe(self) -> str:
-        where = f"{self.path}:{self.line}"
-        return f"{where} (in {self.helper})" if self.helper else where
-
 
 @dataclass(frozen=True, eq=False)
 class Node:

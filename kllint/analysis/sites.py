@@ -192,30 +192,7 @@ def _is_reduced(node: ir.Node) -> bool:
 def _split(node: ir.Node) -> list[ir.Node]:
     origin = node.origin
     if isinstance(node, ir.Binary) and node.op in ("add", "sub"):
-        left_ref, right_ref = _has_reference(node.left), _has_reference(node.right)
-        split = (
-            (left_ref and not right_ref and _is_separate_loss(node.right))
-            or (right_ref and not left_ref and _is_separate_loss(node.left))
-            or (left_ref and right_ref and _is_reduced(node.left) and _is_reduced(node.right))
-            or (not left_ref and not right_ref)
-        )
-        rights = _split(node.right)
-        if node.op == "sub":
-            rights = [ir.neg(t, origin) for t in rights]
-        pieces = _split(node.left) + rights
-        if split:
-            return pieces
-        # Both sides involve the reference, as in ``rewards - baseline`` where
-        # the rewards hold a KL: separate losses hidden inside (the task
-        # score) still come out, the KL pieces stay together as one term.
-        separate = [p for p in pieces if not _has_reference(p) and _is_separate_loss(p)]
-        if not separate:
-            return [node]
-        kept = [p for p in pieces if not any(p is q for q in separate)]
-        regrouped = kept[0]
-        for piece in kept[1:]:
-            regrouped = ir.Binary("add", regrouped, piece)  # no origin: synthetic
-        return [regrouped, *separate]
+        return _split_sum(node)
     if isinstance(node, ir.Unary) and node.op in ("neg", "detach"):
         return [ir.Unary(node.op, t, origin=origin) for t in _split(node.arg)]
     if (
@@ -233,14 +210,50 @@ def _split(node: ir.Node) -> list[ir.Node]:
         ]
     if isinstance(node, ir.CumSum):
         return [ir.CumSum(t, node.reverse, origin=origin) for t in _split(node.arg)]
-    if isinstance(node, ir.Binary) and node.op == "mul":
+    if isinstance(node, ir.Binary):
+        return _split_product(node)
+    return [node]
+
+
+def _split_product(node: ir.Binary) -> list[ir.Node]:
+    """A product or quotient by a reference-free factor distributes over the
+    terms of the other side."""
+    origin = node.origin
+    if node.op == "mul":
         if not _has_reference(node.left) and _has_reference(node.right):
             return [ir.Binary("mul", node.left, t, origin=origin) for t in _split(node.right)]
         if not _has_reference(node.right) and _has_reference(node.left):
             return [ir.Binary("mul", t, node.right, origin=origin) for t in _split(node.left)]
-    if isinstance(node, ir.Binary) and node.op == "div" and not _has_reference(node.right):
+    if node.op == "div" and not _has_reference(node.right):
         return [ir.Binary("div", t, node.right, origin=origin) for t in _split(node.left)]
     return [node]
+
+
+def _split_sum(node: ir.Binary) -> list[ir.Node]:
+    left_ref, right_ref = _has_reference(node.left), _has_reference(node.right)
+    split = (
+        (left_ref and not right_ref and _is_separate_loss(node.right))
+        or (right_ref and not left_ref and _is_separate_loss(node.left))
+        or (left_ref and right_ref and _is_reduced(node.left) and _is_reduced(node.right))
+        or (not left_ref and not right_ref)
+    )
+    rights = _split(node.right)
+    if node.op == "sub":
+        rights = [ir.neg(t, node.origin) for t in rights]
+    pieces = _split(node.left) + rights
+    if split:
+        return pieces
+    # Both sides involve the reference, as in ``rewards - baseline`` where
+    # the rewards hold a KL: separate losses hidden inside (the task
+    # score) still come out, the KL pieces stay together as one term.
+    separate = [p for p in pieces if not _has_reference(p) and _is_separate_loss(p)]
+    if not separate:
+        return [node]
+    kept = [p for p in pieces if not any(p is q for q in separate)]
+    regrouped = kept[0]
+    for piece in kept[1:]:
+        regrouped = ir.Binary("add", regrouped, piece)  # no origin: synthetic
+    return [regrouped, *separate]
 
 
 def focus_of(term: ir.Node) -> ir.Node:
