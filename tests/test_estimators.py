@@ -1,5 +1,5 @@
 """The estimator table: every canonical KL surrogate, with the verdict the
-harness computes for it, against what KL_MATH.md says; and the training
+harness computes for it, against what docs/maths.md says; and the training
 experiment behind ``docs/estimators.png``."""
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from kllint.harness.estimators import estimator_table, estimators, render_table 
 from kllint.harness.training import optimum, rewards, train  # noqa: E402
 
 # (one action, fixed-length sequences, variable-length sequences), as
-# "verdict" or "verdict up to a positive factor" (scaled) — KL_MATH.md's
+# "verdict" or "verdict up to a positive factor" (scaled) — docs/maths.md's
 # tables, plus what it implies for the rows it leaves out.
-KL_MATH = {
+MATHS = {
     "k1 loss": ("zero-gradient", "zero-gradient", "zero-gradient"),
     "k2 loss": ("correct", "partial", "partial"),
     "k3 loss (low_var_kl)": (
@@ -59,10 +59,10 @@ def outcome(result: object) -> str:
 
 def test_every_estimator_gets_the_verdict_kl_math_derives() -> None:
     table = estimator_table()
-    assert [row.name for row in table] == list(KL_MATH)
+    assert [row.name for row in table] == list(MATHS)
     for row in table:
         computed = (outcome(row.one_action), outcome(row.sequences), outcome(row.variable_length))
-        assert computed == KL_MATH[row.name], row.name
+        assert computed == MATHS[row.name], row.name
 
 
 def test_k3_as_a_reward_is_the_difference_of_the_two_directions() -> None:

@@ -1,4 +1,4 @@
-"""The confirmation harness: canonical KL surrogates get the verdicts KL_MATH.md
+"""The confirmation harness: canonical KL surrogates get the verdicts docs/maths.md
 derives, computed exactly on tabular policies.
 
 Each test reads as an example: build the IR of a surrogate the way the
@@ -81,7 +81,7 @@ def verdicts(c: Confirmation) -> tuple[str, str, str]:
     return tuple(c.instances[name].verdict for name in tabular.INSTANCES)  # type: ignore[return-value]
 
 
-# ------------------------------------------------------------------ KL_MATH.md, one action
+# ------------------------------------------------------------------ docs/maths.md, one action
 
 
 def test_k1_has_zero_expected_gradient() -> None:
@@ -163,7 +163,7 @@ def test_a_clamp_that_is_never_active_changes_nothing() -> None:
     assert verdicts(c) == ("wrong-direction", "partial-wrong-direction", "partial-wrong-direction")
 
 
-# ------------------------------------------------------------------ KL_MATH.md, sequences
+# ------------------------------------------------------------------ docs/maths.md, sequences
 
 
 def test_reward_to_go_is_correct() -> None:

@@ -1,6 +1,6 @@
 """Confirm a KL site numerically: its exact expected gradient on tabular
-policies, compared with the exact gradients of the divergences (KL_MATH.md,
-"How to check a claim numerically")."""
+policies, compared with the exact gradients of the divergences (docs/maths.md,
+"How the claims are checked")."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 Each row is what training code writes as the KL part of its loss, built from
 the same atoms the analysis lowers code to, and judged by the same harness
 (:func:`kllint.harness.confirm.confirm_site`). The verdicts are computed, not
-copied: that they agree with KL_MATH.md is what ``tests/test_estimators.py``
+copied: that they agree with docs/maths.md is what ``tests/test_estimators.py``
 checks.
 """
 
@@ -144,7 +144,7 @@ def _paren(x: ir.Node, aliases: dict[int, str]) -> str:
 class Estimator:
     name: str
     term: ir.Node
-    note: str  # one line: what KL_MATH.md says, or why the row is here
+    note: str  # one line: what docs/maths.md says, or why the row is here
 
 
 def estimators() -> list[Estimator]:
