@@ -1,0 +1,54 @@
+"""A finding reads as one short headline in the code's own names; the
+reasoning, the resolved selector, the sink and the helper are its notes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kllint.analysis.project import Project
+from kllint.analysis.roles import RolePatterns
+from kllint.driver import check_source
+from kllint.findings import Finding
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def findings(relative: str) -> list[Finding]:
+    path = FIXTURES / relative
+    return check_source(path.read_text(), str(path), Project([path.parent]), RolePatterns())
+
+
+def test_headline_names_the_estimate_and_what_is_wrong() -> None:
+    k3 = next(f for f in findings("corpus/helpers_dispatch.py") if f.line == 64)
+    assert k3.code == "KL002"
+    assert k3.message == (
+        "k3 estimate `logprobs`/`ref_logprobs` differentiated as a loss: gradient of KL(pi_ref||pi)"
+    )
+
+
+def test_the_reasoning_sink_and_helper_are_notes() -> None:
+    k3 = next(f for f in findings("corpus/helpers_dispatch.py") if f.line == 64)
+    assert k3.notes[0].startswith("autograd gives (1 - exp(-log_ratio)) * grad log pi")
+    assert "reaches the loss through the value returned by `loss_literal_low_var_kl`" in k3.notes
+    assert any(n.startswith("computed in `kl_estimate` (") for n in k3.notes)
+
+
+def test_a_selector_resolved_from_a_config_default_is_a_note() -> None:
+    k3 = next(f for f in findings("corpus/helpers_dispatch.py") if f.line == 112)
+    assert "kind = 'k3' (the default in `TrainerConfig` (helpers_dispatch.py:105))" in k3.notes
+    assert k3.facts["resolved"] == [
+        "kind = 'k3' (the default in `TrainerConfig` (helpers_dispatch.py:105))"
+    ]
+
+
+def test_every_headline_is_one_short_line() -> None:
+    everything = [
+        f
+        for path in sorted(FIXTURES.rglob("*.py"))
+        for f in findings(str(path.relative_to(FIXTURES)))
+    ]
+    assert everything
+    for finding in everything:
+        assert "\n" not in finding.message and ";" not in finding.message, finding.message
+        assert len(finding.message) <= 120, finding.message
+        assert finding.notes, finding.code
