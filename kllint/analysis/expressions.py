@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import libcst as cst
 
-from kllint.analysis import ir, roles, selectors
+from kllint.analysis import ir, lowering, roles, selectors
 from kllint.analysis.frame import Frame
 from kllint.analysis.ir import Role
 from kllint.analysis.module import dotted_name
@@ -181,14 +181,8 @@ class Expressions(Frame):
         base = self.eval(expr.value)
         attr = expr.attr.value
         if isinstance(base, (ir.Node, Choice)) and not isinstance(base, ir.Opaque):
-            if attr == "data":
-                return self.lift1(base, lambda n: ir.detach(n, self.origin(expr)))
-            if attr in ("T", "mT", "real"):
-                return base
-            if attr == "shape":
-                # Sizes are positive constants: a normaliser, not a gradient path.
-                return ir.Atom(Role.COEFFICIENT, code(expr))
-            return Unknown(code(expr), (attr,))
+            lowered = lowering.tensor_attribute(self.torch_call(expr), attr, base)
+            return lowered if lowered is not None else Unknown(code(expr), (attr,))
         if isinstance(base, Unknown) and base.class_name is not None:
             member = selectors.class_constant(self.module, base.class_name, attr)
             if member is not None:

@@ -37,12 +37,11 @@ from pathlib import Path
 
 import libcst as cst
 
-from kllint.analysis import ir, roles, selectors, sinks
+from kllint.analysis import ir, lowering, roles, selectors, sinks
 from kllint.analysis.calls import Calls
 from kllint.analysis.expressions import BINOPS, compare
 from kllint.analysis.frame import MAX_DEPTH, FileContext
 from kllint.analysis.ir import Role
-from kllint.analysis.lowering import NO_GRAD
 from kllint.analysis.module import ClassInfo, ModuleInfo, dotted_name
 from kllint.analysis.sinks import Sink
 from kllint.analysis.syntax import code, full_code, string_key
@@ -73,7 +72,7 @@ class Interpreter(Calls):
     def run_function(
         self, fn: cst.FunctionDef, bound: dict[str, Value] | None = None, *, no_grad: bool = False
     ) -> Value | None:
-        self.no_grad = no_grad or _decorated_no_grad(fn)
+        self.no_grad = no_grad or lowering.decorated_no_grad(fn)
         self.function_name = fn.name.value
         self.function_node = fn
         if self.depth == 0:
@@ -132,12 +131,7 @@ class Interpreter(Calls):
         if isinstance(statement, cst.With):
             saved = self.no_grad
             for item in statement.items:
-                name = dotted_name(item.item.func) if isinstance(item.item, cst.Call) else None
-                if (name is not None and name.split(".")[-1] in NO_GRAD) or (
-                    isinstance(item.item, cst.Call)
-                    and isinstance(item.item.func, cst.Attribute)
-                    and item.item.func.attr.value == "set_grad_enabled"
-                ):
+                if lowering.disables_grad(item.item):
                     self.no_grad = True
                 if item.asname is not None:
                     self.assign(item.asname.name, Unknown(code(item.item), ("context",)), item)
@@ -605,15 +599,6 @@ def _assigned_names(body: cst.BaseSuite) -> list[str]:
 
     body.visit(_Assigned())
     return names
-
-
-def _decorated_no_grad(fn: cst.FunctionDef) -> bool:
-    for decorator in fn.decorators:
-        expr = decorator.decorator
-        name = dotted_name(expr.func) if isinstance(expr, cst.Call) else dotted_name(expr)
-        if name is not None and name.split(".")[-1] in NO_GRAD:
-            return True
-    return False
 
 
 def helper_label(ref: FuncRef) -> str:

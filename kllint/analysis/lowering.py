@@ -17,6 +17,7 @@ import libcst as cst
 
 from kllint.analysis import ir
 from kllint.analysis.ir import Axis, Role
+from kllint.analysis.module import dotted_name
 from kllint.analysis.syntax import code
 from kllint.analysis.values import (
     Choice,
@@ -363,6 +364,54 @@ def tensor_method(at: TorchCall, name: str, receiver: Value, args: Args, kwargs:
     if lowering is None:
         return ir.Opaque(f".{name}()")
     return lowering(at, receiver, args, kwargs)
+
+
+# ----------------------------------------------------------------- tensor attributes
+
+
+def _data(at: TorchCall, base: Value) -> Value:
+    origin = at.origin
+    return at.lift1(base, lambda n: ir.detach(n, origin))
+
+
+def _shape(at: TorchCall, base: Value) -> Value:
+    # Sizes are positive constants: a normaliser, not a gradient path.
+    return ir.Atom(Role.COEFFICIENT, at.code)
+
+
+TENSOR_ATTRIBUTES: dict[str, Callable[[TorchCall, Value], Value]] = {
+    "data": _data,  # the tensor without its graph
+    "T": lambda at, base: base,
+    "mT": lambda at, base: base,
+    "real": lambda at, base: base,
+    "shape": _shape,
+}
+
+
+def tensor_attribute(at: TorchCall, name: str, base: Value) -> Value | None:
+    """``tensor.name``; None for an attribute that is no tensor operation."""
+    lowering = TENSOR_ATTRIBUTES.get(name)
+    return lowering(at, base) if lowering is not None else None
+
+
+def disables_grad(context: cst.BaseExpression) -> bool:
+    """``with torch.no_grad():``, ``with torch.set_grad_enabled(False):`` and the like."""
+    if not isinstance(context, cst.Call):
+        return False
+    name = dotted_name(context.func)
+    if name is not None and name.split(".")[-1] in NO_GRAD:
+        return True
+    return isinstance(context.func, cst.Attribute) and context.func.attr.value == "set_grad_enabled"
+
+
+def decorated_no_grad(fn: cst.FunctionDef) -> bool:
+    """``@torch.no_grad()`` or ``@torch.inference_mode()`` on a function."""
+    for decorator in fn.decorators:
+        expr = decorator.decorator
+        name = dotted_name(expr.func) if isinstance(expr, cst.Call) else dotted_name(expr)
+        if name is not None and name.split(".")[-1] in NO_GRAD:
+            return True
+    return False
 
 
 # ----------------------------------------------------------------- torch functions
