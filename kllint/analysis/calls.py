@@ -103,7 +103,7 @@ class Calls(Expressions):
             return Py(None)
         if isinstance(receiver, Unknown) and receiver.module is not None:
             return self.call_module_function(receiver.module, method, call, args, kwargs)
-        if method == "scale" and isinstance(receiver, Unknown) and len(args) == 1:
+        if method in lowering.LOSS_SCALING and isinstance(receiver, Unknown) and len(args) == 1:
             # ``scaler.scale(loss).backward()`` (AMP): the scaled loss is the loss.
             scaled = self.eval(args[0].value)
             if isinstance(scaled, (ir.Node, Choice)):
@@ -155,7 +155,7 @@ class Calls(Expressions):
             method in TENSOR_IDENTITY
             or method in UNARY
             or method in DETACHING
-            or method in ("sum", "mean", "clamp", "exp")
+            or method in lowering.ON_RESOLVED
         ):
             node = self.resolve(receiver)
             if isinstance(node, ir.Node) and not isinstance(node, ir.Opaque):
@@ -295,12 +295,12 @@ class Calls(Expressions):
                 if method == "parse_known_args"
                 else args_value
             )
-        if method in ("size", "numel", "dim") and receiver.module is None:
+        if method in lowering.SIZE_METHODS and receiver.module is None:
             return ir.Atom(Role.COEFFICIENT, code(call))
-        if method == "log_prob":
+        if method == lowering.DISTRIBUTION_LOGPROB:
             return Unknown(
                 code(call),
-                (*receiver.names, "log_prob"),
+                (*receiver.names, method),
                 call=True,
                 reference_model=self.context.role_patterns.is_reference_model(receiver.names),
                 logprob_op=True,

@@ -132,6 +132,14 @@ IN_PLACE = {
     "pow_": "pow",
     "detach_": "detach",
 }
+# Sizes are positive constants: a normaliser, not a gradient path.
+SIZE_METHODS = frozenset({"size", "numel", "dim"})
+# Methods kllint lowers on a value whose role is only known once resolved.
+ON_RESOLVED = frozenset({"sum", "mean", "clamp", "exp"})
+# ``scaler.scale(loss)`` (AMP): the scaled loss is the loss.
+LOSS_SCALING = frozenset({"scale"})
+# ``dist.log_prob(actions)``: a log-prob of the distribution's policy.
+DISTRIBUTION_LOGPROB = "log_prob"
 DETACHING = frozenset({"detach", "item", "tolist", "numpy", "detach_"})
 LOGPROB_OPS = frozenset({"log_softmax", "gather_log_probs", "logsumexp"})
 AGGREGATORS = frozenset(
@@ -349,7 +357,7 @@ def _method_registry() -> dict[str, MethodLowering]:
     registry.setdefault("fliplr", _flip)
     for name in ("log_softmax", "softmax"):
         registry.setdefault(name, _opaque(name))
-    for name in ("size", "numel", "dim"):
+    for name in SIZE_METHODS:
         registry.setdefault(name, _size)
     registry.setdefault("item", _detach)
     return registry
