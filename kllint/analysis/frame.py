@@ -38,8 +38,10 @@ MAX_DEPTH = 4  # helpers inlined inside helpers, at most
 
 
 @dataclass
-@dataclass
 class FileContext:
+    """What every frame of one file shares: where the file is, the project,
+    the role patterns, the sinks found so far."""
+
     path: str  # as displayed
     fs_path: Path
     module: ModuleInfo
@@ -49,7 +51,7 @@ class FileContext:
     called: frozenset[str] = frozenset()  # names of functions this file calls
 
 
-# --------------------------------------------------------------------- interpreter
+# --------------------------------------------------------------------- frame
 
 
 class Frame:
@@ -104,6 +106,7 @@ class Frame:
         )
 
     def as_node(self, value: Value) -> ir.Node:
+        """Any value as an IR node: numbers as constants, unknowns by their evidence."""
         if isinstance(value, ir.Node):
             return value
         if isinstance(value, Py):
