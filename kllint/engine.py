@@ -6,7 +6,7 @@ import ast
 import os
 import re
 import traceback
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,13 +16,9 @@ import libcst
 from kllint.analysis.check import check_source
 from kllint.analysis.project import Project
 from kllint.config import Settings
+from kllint.discovery import discover
 from kllint.findings import FileError, Finding
 from kllint.suppression import is_suppressed, parse_suppressions
-
-# Never descended into (besides hidden directories); a path named on the
-# command line is linted even when it is one of these.
-SKIPPED_DIRS = frozenset({"__pycache__", "venv", "build", "dist", "node_modules", "site-packages"})
-
 
 class MissingPathError(Exception):
     """A path named on the command line does not exist."""
@@ -100,28 +96,6 @@ def _lint_chunk(files: list[Path], settings: Settings, roots: list[Path]) -> Lin
     for finding in part.findings:
         finding.site = None
     return part
-
-
-def discover(paths: Sequence[Path], settings: Settings) -> Iterator[Path]:
-    """The files to lint, in a stable order: a named file always, a directory's
-    ``.py`` files minus hidden, build and virtualenv directories and ``exclude``."""
-    for path in paths:
-        if not path.is_dir():
-            yield path
-            continue
-        for directory, subdirs, files in os.walk(path):
-            here = Path(directory)
-            subdirs[:] = sorted(
-                d
-                for d in subdirs
-                if not d.startswith(".")
-                and d not in SKIPPED_DIRS
-                and not (here / d / "pyvenv.cfg").exists()
-                and not settings.is_excluded(here / d)
-            )
-            for name in sorted(files):
-                if name.endswith(".py") and not settings.is_excluded(here / name):
-                    yield here / name
 
 
 def display_path(path: Path) -> str:
