@@ -21,6 +21,9 @@ class Finding:
     message: str
     severity: str = "error"  # "error" | "warning"
     fix_title: str | None = None
+    # The reasoning behind the one-line message: the resolved selector, the
+    # helper chain, what the gradient is. Shown indented under the finding.
+    notes: list[str] = field(default_factory=list)
     # The facts behind the message, for json/sarif consumers:
     # estimator, policy, reference, sink, level, branch, gradient, ...
     facts: dict[str, Any] = field(default_factory=dict)
@@ -29,9 +32,12 @@ class Finding:
     site: KLSite | None = field(default=None, repr=False, compare=False)
     # Filled by --confirm: {"verdict": ..., ...}
     confirmation: dict[str, Any] | None = None
+    # In a notebook: the 1-based number of the cell (markdown cells count),
+    # and ``line`` counts from the cell's first line.
+    cell: int | None = None
 
-    def sort_key(self) -> tuple[str, int, int, str]:
-        return (self.path, self.line, self.column, self.code)
+    def sort_key(self) -> tuple[str, int, int, int, str]:
+        return (self.path, self.cell or 0, self.line, self.column, self.code)
 
 
 @dataclass
@@ -42,3 +48,4 @@ class FileError:
     line: int
     column: int
     message: str
+    cell: int | None = None  # in a notebook, as in ``Finding``

@@ -11,6 +11,7 @@ from typing import Any
 from kllint.analysis import ir
 from kllint.engine import LintResult
 from kllint.findings import FileError, Finding
+from kllint.notebook import cell_key
 
 FILE_ERROR_CODE = "E999"
 FILE_ERROR_NAME = "file-error"
@@ -19,20 +20,26 @@ FILE_ERROR_NAME = "file-error"
 def entries(result: LintResult) -> list[Finding | FileError]:
     """Findings and file errors in one list, by path, line, column, code."""
 
-    def key(entry: Finding | FileError) -> tuple[str, int, int, str]:
+    def key(entry: Finding | FileError) -> tuple[str, int, int, int, str]:
         if isinstance(entry, Finding):
             return entry.sort_key()
-        return (entry.path, entry.line, entry.column, FILE_ERROR_CODE)
+        return (entry.path, entry.cell or 0, entry.line, entry.column, FILE_ERROR_CODE)
 
     return sorted([*result.findings, *result.errors], key=key)
 
 
-def source_line(result: LintResult, path: str, line: int) -> str | None:
-    source = result.sources.get(path)
+def source_line(result: LintResult, path: str, line: int, cell: int | None = None) -> str | None:
+    source = result.sources.get(path if cell is None else cell_key(path, cell))
     if source is None:
         return None
     lines = source.splitlines()
     return lines[line - 1] if 0 < line <= len(lines) else None
+
+
+def location(entry: Finding | FileError) -> str:
+    """``path:line:column``, or ``path:cell N:line:column`` in a notebook (as Ruff)."""
+    cell = f"cell {entry.cell}:" if entry.cell is not None else ""
+    return f"{entry.path}:{cell}{entry.line}:{entry.column}"
 
 
 def repo_root() -> Path:

@@ -18,6 +18,7 @@ def render(result: LintResult) -> str:
         else:
             level = "warning" if e.severity == "warning" else "error"
             code, message = e.code, e.message
+            message += "".join(f"\nnote: {note}" for note in e.notes)
             if e.fix_title:
                 message += f"\nhelp: {e.fix_title}"
             end_line, end_column = e.end_line, e.end_column
@@ -27,7 +28,7 @@ def render(result: LintResult) -> str:
             "col": e.column,
             "endLine": end_line,
             "endColumn": end_column,
-            "title": f"kllint ({code})",
+            "title": f"kllint ({code})" + (f" cell {e.cell}" if e.cell is not None else ""),
         }
         props = ",".join(f"{k}={escape_property(str(v))}" for k, v in properties.items())
         lines.append(f"::{level} {props}::{escape_data(message)}")

@@ -69,18 +69,33 @@ def _rule(rule: RuleInfo) -> dict[str, Any]:
 
 def _result(f: Finding, result: LintResult, root: Path, seen: Counter[str]) -> dict[str, Any]:
     uri = repo_relative(f.path, root)
-    text = source_line(result, f.path, f.line) or ""
-    end_text = source_line(result, f.path, f.end_line) or ""
+    text = source_line(result, f.path, f.line, f.cell) or ""
+    end_text = source_line(result, f.path, f.end_line, f.cell) or ""
     start = (f.line, _utf16_column(text, f.column))
     end = max((f.end_line, _utf16_column(end_text, f.end_column)), start)
-    line_hash = hashlib.sha256(f"{f.code}\0{uri}\0{' '.join(text.split())}".encode()).hexdigest()
+    cell = f"\0cell {f.cell}" if f.cell is not None else ""
+    line_hash = hashlib.sha256(
+        f"{f.code}\0{uri}{cell}\0{' '.join(text.split())}".encode()
+    ).hexdigest()
     seen[line_hash] += 1
     properties: dict[str, Any] = {"name": f.name, "facts": f.facts}
+    if f.notes:
+        properties["notes"] = f.notes
     if f.fix_title:
         properties["fix_title"] = f.fix_title
     if f.confirmation is not None:
         properties["confirmation"] = f.confirmation
-    message = f"{f.message}\nHelp: {f.fix_title}" if f.fix_title else f.message
+    if f.cell is not None:
+        # SARIF regions count lines of the file; a notebook's are JSON lines,
+        # so the region is the cell's line and the cell is named here.
+        properties["cell"] = f.cell
+    message = "\n".join(
+        [
+            f"{f.message} (cell {f.cell})" if f.cell is not None else f.message,
+            *(f"Note: {note}" for note in f.notes),
+            *([f"Help: {f.fix_title}"] if f.fix_title else []),
+        ]
+    )
     return {
         "ruleId": f.code,
         **({"ruleIndex": list(RULES).index(f.code)} if f.code in RULES else {}),
