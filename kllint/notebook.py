@@ -140,6 +140,26 @@ def replace_cell_source(text: str, number: int, source: str) -> str:
     return dumped + "\n" if text.endswith("\n") else dumped
 
 
+def file_line(text: str, cell: int, line: int) -> int | None:
+    """The line of the ``.ipynb`` file that holds line ``line`` of cell
+    ``cell``, for tools that place marks on the file's own lines (GitHub
+    annotations, SARIF). Jupyter writes a source as a list, one line of the
+    cell per line of the file after ``"source": [``; ``None`` when the file
+    is laid out otherwise (a source written as one string, a minified file)."""
+    try:
+        cells = _load(text)["cells"]
+    except NotebookError:
+        return None
+    # Keys of every cell, in order; a quote inside a source is escaped, so it cannot match.
+    keys = [m.start() for m in re.finditer(r'^\s*"source": \[$', text, re.MULTILINE)]
+    if len(keys) != len(cells) or not 1 <= cell <= len(cells):
+        return None
+    source = cells[cell - 1].get("source")
+    if not isinstance(source, list) or not 1 <= line <= len(source):
+        return None
+    return text.count("\n", 0, keys[cell - 1]) + 1 + line
+
+
 def _load(text: str) -> dict[str, Any]:
     try:
         document = json.loads(text)

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 import kllint
+from kllint.notebook import file_line
 
 yaml = pytest.importorskip("yaml")
 
@@ -187,7 +188,9 @@ class Runner:
     def run(self, only: str | None = None, **inputs: str) -> subprocess.CompletedProcess[str]:
         declared = self.action["inputs"]
         assert set(inputs) <= {name.replace("-", "_") for name in declared}
-        values = {n: inputs.get(n.replace("-", "_"), d.get("default", "")) for n, d in declared.items()}
+        values = {
+            n: inputs.get(n.replace("-", "_"), d.get("default", "")) for n, d in declared.items()
+        }
         context = {"inputs": values, "github": {"action_path": str(CHECKOUT)}}
         run = None
         for step in self.action["runs"]["steps"]:
@@ -231,8 +234,10 @@ def test_action_annotates_summarises_and_writes_sarif(action: Runner) -> None:
     run = action.run(only="Run kllint", sarif_file=str(sarif))
     assert run.returncode == 1, run.stderr  # findings fail the step
     annotations = [line for line in run.stdout.splitlines() if line.startswith("::")]
+    # A notebook's mark is on the line of the .ipynb file that holds the cell's line.
+    notebook_line = file_line((action.workspace / "analysis.ipynb").read_text(), 2, 6)
     assert [a.split("::")[1].split(",title=")[0] for a in annotations] == [
-        "error file=analysis.ipynb,line=6,col=10,endLine=6,endColumn=46",
+        f"error file=analysis.ipynb,line={notebook_line},endLine={notebook_line}",
         "error file=grpo.py,line=6,col=10,endLine=6,endColumn=46",
     ]
     summary = action.summary.read_text()

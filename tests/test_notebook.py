@@ -12,7 +12,13 @@ from fake_analysis import flag_markers
 
 from kllint.cli import main
 from kllint.engine import lint_paths
-from kllint.notebook import Notebook, NotebookError, python_lines, replace_cell_source
+from kllint.notebook import (
+    Notebook,
+    NotebookError,
+    file_line,
+    python_lines,
+    replace_cell_source,
+)
 
 
 def notebook(*cells: tuple[str, str], language: str = "python") -> str:
@@ -142,3 +148,29 @@ def test_replace_cell_source_keeps_everything_else() -> None:
 def test_replace_cell_source_of_a_missing_cell() -> None:
     with pytest.raises(NotebookError, match="no cell 9"):
         replace_cell_source(GRPO, 9, "")
+
+
+def test_file_line_finds_a_cell_line_in_the_json() -> None:
+    lines = GRPO.splitlines()
+    number = file_line(GRPO, 3, 2)
+    assert number is not None
+    assert lines[number - 1] == '    "    kl = low_var_kl(logp, ref_logp)\\n",'
+    compact = json.dumps(json.loads(GRPO))  # one line: nothing to point at
+    assert file_line(compact, 3, 2) is None
+
+
+def test_github_and_sarif_mark_the_notebook_files_own_line() -> None:
+    Path("grpo.ipynb").write_text(GRPO)
+    number = file_line(GRPO, 3, 2)
+    github = CliRunner().invoke(main, ["--output-format", "github", "grpo.ipynb"]).output
+    assert github.startswith(
+        f"::error file=grpo.ipynb,line={number},endLine={number},"
+        "title=kllint (KL002) cell 3::cell 3, line 2: "
+    )
+    sarif = json.loads(CliRunner().invoke(main, ["--output-format", "sarif", "grpo.ipynb"]).output)
+    [result] = sarif["runs"][0]["results"]
+    assert result["locations"][0]["physicalLocation"]["region"] == {
+        "startLine": number,
+        "endLine": number,
+    }
+    assert result["properties"]["cell"] == 3

@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from kllint import notebook
 from kllint.analysis import ir
 from kllint.engine import LintResult
 from kllint.findings import FileError, Finding
@@ -40,6 +41,21 @@ def location(entry: Finding | FileError) -> str:
     """``path:line:column``, or ``path:cell N:line:column`` in a notebook (as Ruff)."""
     cell = f"cell {entry.cell}:" if entry.cell is not None else ""
     return f"{entry.path}:{cell}{entry.line}:{entry.column}"
+
+
+def file_lines(entry: Finding | FileError) -> tuple[int, int] | None:
+    """``(line, end_line)`` in the notebook file itself for an entry in a cell
+    (see ``notebook.file_line``), else ``None``."""
+    if entry.cell is None:
+        return None
+    try:
+        text = Path(entry.path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+    end = entry.end_line if isinstance(entry, Finding) else entry.line
+    start_line = notebook.file_line(text, entry.cell, entry.line)
+    end_line = notebook.file_line(text, entry.cell, end)
+    return (start_line, end_line) if start_line and end_line else None
 
 
 def repo_root() -> Path:

@@ -17,7 +17,14 @@ from typing import Any
 from kllint import __version__
 from kllint.engine import LintResult
 from kllint.findings import FileError, Finding
-from kllint.reporters.common import FILE_ERROR_CODE, jsonable, repo_relative, repo_root, source_line
+from kllint.reporters.common import (
+    FILE_ERROR_CODE,
+    file_lines,
+    jsonable,
+    repo_relative,
+    repo_root,
+    source_line,
+)
 from kllint.rulebook import find_rule_page, parse_sections
 from kllint.rules import RULES, RuleInfo
 
@@ -101,7 +108,7 @@ def _result(f: Finding, result: LintResult, root: Path, seen: Counter[str]) -> d
         **({"ruleIndex": list(RULES).index(f.code)} if f.code in RULES else {}),
         "level": _level(f.severity),
         "message": {"text": message},
-        "locations": [_location(uri, start, end)],
+        "locations": [_notebook_location(f, uri) or _location(uri, start, end)],
         "partialFingerprints": {"primaryLocationLineHash": f"{line_hash[:16]}:{seen[line_hash]}"},
         "properties": properties,
     }
@@ -130,6 +137,18 @@ def _location(uri: str, start: tuple[int, int], end: tuple[int, int]) -> dict[st
             "region": region,
         }
     }
+
+
+def _notebook_location(f: Finding, uri: str) -> dict[str, Any] | None:
+    """In a notebook, the file's own lines that hold the cell's (columns are
+    shifted by JSON quoting there, so the region is whole lines)."""
+    mapped = file_lines(f) if f.cell is not None else None
+    if mapped is None:
+        return None
+    location = _location(uri, (mapped[0], 1), (mapped[1], 1))
+    region = location["physicalLocation"]["region"]
+    del region["startColumn"], region["endColumn"]
+    return location
 
 
 def _utf16_column(text: str, column: int) -> int:
