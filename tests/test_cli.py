@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import types
 from pathlib import Path
 
@@ -417,3 +418,29 @@ def test_estimators_plot_needs_matplotlib(monkeypatch: pytest.MonkeyPatch) -> No
         2,
         "kllint: --plot needs matplotlib: pip install 'kllint[plot]'\n",
     )
+
+
+def test_progress_shows_elapsed_time_on_a_long_run_and_erases_it(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(cli_module._Progress, "DELAY_S", 0.0)
+    with cli_module._Progress(enabled=True) as progress:
+        deadline = time.monotonic() + 30
+        while not progress._shown and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert capsys.readouterr().err == "\rkllint: checking... 0s\r\x1b[K"
+    with cli_module._Progress(enabled=False):  # stderr is not a terminal
+        time.sleep(0.2)
+    assert capsys.readouterr().err == ""
+
+
+def test_force_exclude_and_gitignore_from_the_command_line() -> None:
+    write("pyproject.toml", '[tool.kllint]\nexclude = ["generated"]\n')
+    write("generated/grpo.py", K3_LOSS)
+    assert kllint("generated/grpo.py").exit_code == 1
+    assert kllint("--force-exclude", "generated/grpo.py").exit_code == 0
+    Path(".git").mkdir()
+    write(".gitignore", "outputs/\n")
+    write("outputs/grpo.py", K3_LOSS)
+    assert kllint("--show-files").output == ""
+    assert kllint("--no-respect-gitignore", "--show-files").output == "outputs/grpo.py\n"
