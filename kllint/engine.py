@@ -23,8 +23,8 @@ from kllint.suppression import (
     is_suppressed,
     might_suppress,
     parse_comments,
-    parse_suppressions,
     stale_suppressions,
+    suppression_table,
 )
 
 
@@ -180,7 +180,7 @@ def _lint_data(
     warnings: list[FileError] = []
     if might_suppress(source):
         comments = parse_comments(source)
-        suppressions = parse_suppressions(source)
+        suppressions = suppression_table(comments)
         warnings = stale_suppressions(comments, findings, enabled, shown)
         findings = [f for f in findings if not is_suppressed(f, suppressions)]
     if notebook is not None:

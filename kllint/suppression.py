@@ -73,8 +73,13 @@ def might_suppress(source: str) -> bool:
 
 
 def parse_suppressions(source: str) -> dict[int, frozenset[str] | None]:
+    return suppression_table(parse_comments(source))
+
+
+def suppression_table(comments: Iterable[SuppressionComment]) -> dict[int, frozenset[str] | None]:
+    """Line -> the codes and names silenced there (``None``: every rule)."""
     table: dict[int, frozenset[str] | None] = {}
-    for comment in parse_comments(source):
+    for comment in comments:
         previous = table.get(comment.line, frozenset())
         if comment.names is None or previous is None:
             table[comment.line] = None
