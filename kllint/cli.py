@@ -1,10 +1,13 @@
-"""The ``kllint`` command: ``kllint [PATHS]...``, ``kllint rule CODE``, ``kllint rules``."""
+"""The ``kllint`` command: ``kllint check [PATHS]...`` (``kllint [PATHS]...``
+for short), ``kllint rule CODE``, ``kllint rules``, ``kllint estimators``."""
 
 from __future__ import annotations
 
 import importlib
 import os
 import sys
+import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -12,37 +15,48 @@ from typing import Any, NoReturn
 import click
 
 from kllint import __version__
-from kllint.config import ConfigError, load_settings
-from kllint.engine import LintResult, MissingPathError, lint_paths
-from kllint.findings import Finding
+from kllint.config import ConfigError, Settings, describe_settings, load_settings
+from kllint.discovery import discover
+from kllint.engine import MissingPathError, display_path, lint_paths, lint_source
+from kllint.findings import Finding, LintResult
 from kllint.reporters import FORMATS, render
+from kllint.reporters import text as reporters_text
+from kllint.reporters.common import location
 from kllint.rulebook import rule_page
 from kllint.rules import RULES, lookup
-
-TORCH_MISSING = "--confirm needs torch: pip install 'kllint[confirm]'"
+from kllint.suppression import add_noqa_comments
 
 
 class _DefaultToCheck(click.Group):
-    """Runs ``check`` unless the first argument names a subcommand, so that
-    ``kllint src/`` lints. The price: a path spelled like a subcommand
-    (``rule``, ``rules``, ``check``) must be written ``./rules`` or after
-    ``kllint check``."""
+    """Runs ``check`` unless the first argument names a subcommand or is the
+    group's own ``--help``/``--version``, so that ``kllint src/`` lints. The
+    price: a path spelled like a subcommand (``rule``, ``rules``, ``check``)
+    must be written ``./rules`` or after ``kllint check``."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        if not args or args[0] not in self.commands:
+        if not args or (args[0] not in self.commands and args[0] not in _GROUP_OPTIONS):
             args = ["check", *args]
         return super().parse_args(ctx, args)
 
 
-@click.group(cls=_DefaultToCheck, context_settings={"help_option_names": ["-h", "--help"]})
+_GROUP_OPTIONS = ("-h", "--help", "-V", "--version")
+
+
+@click.group(
+    cls=_DefaultToCheck,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    epilog="`kllint PATH` is short for `kllint check PATH`.",
+)
+@click.version_option(__version__, "-V", "--version", message="kllint %(version)s")
 def main() -> None:
     """Find KL-divergence regularisers whose gradient is wrong in RL code."""
 
 
 @main.command(
-    epilog="Other commands: `kllint rule CODE` prints a rule's page, `kllint rules` lists them."
+    epilog="Other commands: `kllint rule CODE` prints a rule's page, `kllint rules` lists them, "
+    "`kllint estimators` computes the estimator table (needs torch)."
 )
-@click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
+@click.argument("paths", nargs=-1, type=click.Path(path_type=Path, allow_dash=True))
 @click.option(
     "--select",
     multiple=True,
@@ -51,18 +65,43 @@ def main() -> None:
     "Replaces the configured selection.",
 )
 @click.option(
+    "--extend-select",
+    multiple=True,
+    metavar="RULES",
+    help="Also check these rules, on top of the configured selection.",
+)
+@click.option(
     "--ignore",
     multiple=True,
     metavar="RULES",
     help="Also skip these rules (codes, prefixes or names, comma-separated).",
 )
 @click.option(
+    "--output-format",
     "--format",
     "output_format",
     type=click.Choice(FORMATS),
     default="full",
     show_default=True,
-    help="Output format.",
+    help="Output format (`--format` is an alias). `summary` is Markdown for a CI job summary.",
+)
+@click.option(
+    "--output-file",
+    "-o",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="Write the report to this file instead of standard output.",
+)
+@click.option(
+    "--statistics",
+    is_flag=True,
+    help="Show how many findings each rule has instead of the findings.",
+)
+@click.option(
+    "--add-noqa",
+    is_flag=True,
+    help="Add `# noqa: CODE` to every line with a finding, so that only new code is checked "
+    "(exits 0 when every finding was silenced).",
 )
 @click.option(
     "--exit-zero",
@@ -73,7 +112,44 @@ def main() -> None:
     "--config",
     "config_path",
     type=click.Path(path_type=Path, dir_okay=False),
-    help="Read [tool.kllint] from this file instead of the nearest pyproject.toml.",
+    help="Read settings from this file for every path, instead of each file's nearest "
+    "pyproject.toml or kllint.toml.",
+)
+@click.option(
+    "--force-exclude",
+    is_flag=True,
+    help="Apply `exclude` and .gitignore to files named on the command line too "
+    "(pre-commit names every changed file).",
+)
+@click.option(
+    "--respect-gitignore/--no-respect-gitignore",
+    default=None,
+    help="Skip files that .gitignore ignores (default: on, or `respect-gitignore` in the config).",
+)
+@click.option(
+    "--stdin-filename",
+    default=None,
+    metavar="PATH",
+    help="With `-` as the path: the name of the code read from standard input "
+    "(for its config, per-file-ignores and reports; `.ipynb` reads a notebook).",
+)
+@click.option(
+    "--show-settings",
+    is_flag=True,
+    help="Print the settings the first path is checked with, and exit.",
+)
+@click.option(
+    "--show-files",
+    is_flag=True,
+    help="Print the files that would be checked, and exit.",
+)
+@click.option(
+    "--color",
+    type=click.Choice(["auto", "always", "never"]),
+    default="auto",
+    show_default=True,
+    help="Colour the text output; `auto` colours a terminal unless NO_COLOR is set "
+    "(FORCE_COLOR forces it).",
 )
 @click.option(
     "--confirm",
@@ -88,19 +164,28 @@ def main() -> None:
     default=None,
     help="Worker processes for large trees (default: one per CPU; 1 to stay in one process).",
 )
-@click.version_option(__version__, "--version", prog_name="kllint")
 def check(
     paths: tuple[Path, ...],
     select: tuple[str, ...],
+    extend_select: tuple[str, ...],
     ignore: tuple[str, ...],
     output_format: str,
+    output_file: Path | None,
+    statistics: bool,
+    add_noqa: bool,
     exit_zero: bool,
     config_path: Path | None,
+    force_exclude: bool,
+    respect_gitignore: bool | None,
+    stdin_filename: str | None,
+    show_settings: bool,
+    show_files: bool,
+    color: str,
     confirm: bool,
     jobs: int | None,
 ) -> None:
-    """Lint PATHS (default: the current directory) for KL regularisers whose
-    gradient is not the one intended.
+    """Lint PATHS (default: the current directory; `-` reads standard input)
+    for KL regularisers whose gradient is not the one intended.
 
     \b
     Exit status:
@@ -109,20 +194,64 @@ def check(
          UTF-8); as in Ruff, the other files are still linted and reported
       2  a usage or configuration error, a missing path, or kllint crashing
     """
-    targets = list(paths) or [Path(".")]
+    if stdin_filename is not None and not paths:
+        paths = (Path("-"),)  # as Ruff: a stdin filename alone means `-`
+    from_stdin = Path("-") in paths
+    if from_stdin and len(paths) > 1:
+        _fail("error: `-` (standard input) cannot be combined with other paths")
+    if from_stdin and add_noqa:
+        _fail("error: --add-noqa edits files; it cannot be used with standard input")
+    stdin_path = Path(stdin_filename) if stdin_filename else Path("-")
+    targets = [stdin_path] if from_stdin else (list(paths) or [Path(".")])
     try:
         settings = load_settings(
-            targets, config=config_path, select=_split(select) or None, ignore=_split(ignore)
+            targets,
+            config=config_path,
+            select=_split(select) or None,
+            extend_select=_split(extend_select),
+            ignore=_split(ignore),
+            force_exclude=force_exclude,
+            respect_gitignore=respect_gitignore,
         )
-        # --confirm needs each finding's KL site, which stays in this process.
-        result = lint_paths(targets, settings, jobs=1 if confirm else jobs)
+        if show_settings:
+            click.echo(describe_settings(settings.for_path(targets[0]), targets[0]), nl=False)
+            return
+        if show_files:
+            if from_stdin:
+                _fail("error: --show-files lists files on disk, not standard input")
+            for path in _files(targets, settings):
+                click.echo(display_path(path))
+            return
+        if from_stdin:
+            if force_exclude and settings.for_path(stdin_path).is_excluded(stdin_path):
+                return  # as Ruff: an excluded file named by an editor is not reported
+            result = lint_source(sys.stdin.buffer.read(), str(stdin_path), settings)
+        else:
+            with _Progress(enabled=sys.stderr.isatty()):
+                # --confirm needs each finding's KL site, which stays in this process.
+                result = lint_paths(targets, settings, jobs=1 if confirm or add_noqa else jobs)
     except (ConfigError, MissingPathError) as err:
         _fail(f"error: {err}")
+    if add_noqa:
+        _add_noqa(result)
+        return
     if confirm and result.findings:
         _confirm(result)
 
-    color = sys.stdout.isatty() and "NO_COLOR" not in os.environ
-    click.echo(render(result, output_format, color=color), nl=False, color=color)
+    use_color = _use_color(color, output_file)
+    if statistics:
+        report = reporters_text.statistics(result)
+    else:
+        report = render(result, output_format, color=use_color)
+    if output_file is not None:
+        try:
+            output_file.write_text(report, encoding="utf-8")
+        except OSError as err:
+            _fail(f"error: cannot write {output_file}: {err.strerror or err}")
+    else:
+        click.echo(report, nl=False, color=use_color)
+    for warning in result.warnings:
+        click.echo(f"kllint: warning: {location(warning)}: {warning.message}", err=True)
     if result.files_checked == 0 and not result.errors:
         click.echo("kllint: warning: no Python files found", err=True)
     if result.internal_errors:
@@ -159,10 +288,12 @@ def rule(code_or_name: str) -> None:
 )
 def estimators(plot: str | None) -> None:
     """Print the exact verdicts of the canonical KL surrogates (needs torch)."""
-    try:
-        from kllint.harness import main_estimators
-    except ImportError as exc:  # pragma: no cover - depends on the install
-        _fail(f"estimators needs torch: pip install 'kllint[confirm]' ({exc})")
+    # Checked before importing anything, so a missing extra is one line and exit 2.
+    _require("torch", "estimators", "confirm")
+    if plot is not None:
+        _require("matplotlib", "--plot", "plot")
+    from kllint.harness import main_estimators
+
     raise SystemExit(main_estimators(plot))
 
 
@@ -177,10 +308,7 @@ def list_rules() -> None:
 def _confirm(result: LintResult) -> None:
     """Run the torch harness on the findings (it fills ``Finding.confirmation``).
     Imported here: torch takes seconds to import and is an optional extra."""
-    try:
-        importlib.import_module("torch")
-    except ImportError:
-        _fail(TORCH_MISSING)
+    _require("torch", "--confirm", "confirm")
     try:
         harness = importlib.import_module("kllint.harness")
     except ModuleNotFoundError as err:
@@ -196,6 +324,82 @@ def _confirm(result: LintResult) -> None:
         _fail(f"error: --confirm failed: {type(err).__name__}: {err} (a bug in kllint)")
     if confirmed is not None:  # it may also fill the findings in place
         result.findings = sorted(confirmed, key=Finding.sort_key)
+
+
+def _require(module: str, feature: str, extra: str) -> None:
+    """Fail with one line when an optional dependency is missing (or broken)."""
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        _fail(f"{feature} needs {module}: pip install 'kllint[{extra}]'")
+
+
+def _files(targets: list[Path], settings: Settings) -> list[Path]:
+    seen: dict[str, Path] = {}
+    for path in discover(targets, settings):
+        seen.setdefault(os.path.abspath(path), path)
+    return list(seen.values())
+
+
+def _use_color(choice: str, output_file: Path | None) -> bool:
+    """``--color``; ``auto`` follows https://no-color.org and FORCE_COLOR."""
+    if choice != "auto":
+        return choice == "always"
+    if os.environ.get("NO_COLOR"):
+        return False
+    if os.environ.get("FORCE_COLOR"):
+        return True
+    return output_file is None and sys.stdout.isatty()
+
+
+def _add_noqa(result: LintResult) -> None:
+    added, skipped = add_noqa_comments(result.findings)
+    for path, reason in skipped:
+        click.echo(f"kllint: warning: {path}: no noqa added ({reason})", err=True)
+    click.echo(f"Added {added} noqa directive{'' if added == 1 else 's'}.")
+    if result.errors:
+        for error in result.errors:
+            click.echo(f"{location(error)}: E999 {error.message}", err=True)
+        raise click.exceptions.Exit(2 if result.internal_errors else 1)
+    if skipped:
+        raise click.exceptions.Exit(1)
+
+
+class _Progress:
+    """Elapsed time on stderr while a long run works, on a terminal only:
+    nothing for the first seconds (most runs are done by then), and the
+    line is erased at the end so the report starts clean."""
+
+    DELAY_S = 2.0
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._shown = False
+
+    def __enter__(self) -> _Progress:
+        if self.enabled:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.enabled:
+            self._done.set()
+            self._thread.join()
+            if self._shown:
+                sys.stderr.write("\r\033[K")
+                sys.stderr.flush()
+
+    def _run(self) -> None:
+        start = time.monotonic()
+        if self._done.wait(self.DELAY_S):
+            return
+        while not self._done.is_set():
+            sys.stderr.write(f"\rkllint: checking... {time.monotonic() - start:.0f}s")
+            sys.stderr.flush()
+            self._shown = True
+            self._done.wait(0.5)
 
 
 def _split(values: Sequence[str]) -> list[str]:

@@ -1,10 +1,14 @@
-"""Settings: ``[tool.kllint]`` in ``pyproject.toml``, then the command line.
+"""Settings: ``[tool.kllint]`` in the nearest ``pyproject.toml`` (or a
+``kllint.toml``) of each file, then the command line.
 
 ```toml
 [tool.kllint]
 select = ["KL"]                      # codes, prefixes or names; default: every rule
+extend-select = ["KL003"]            # added to the selection, whatever it is
 ignore = ["token-level-kl-gradient"]
 exclude = ["third_party", "scripts/*.py"]
+extend-exclude = ["notebooks/scratch"]
+respect-gitignore = true             # skip what .gitignore ignores (the default)
 
 [tool.kllint.per-file-ignores]
 "tests/*" = ["KL001"]
@@ -15,8 +19,16 @@ reference = ["^ref_model_logp$"]
 
 Rule selection works like Ruff's: each layer (the config file, then the
 command line) either replaces the selection (it has a ``select``) or edits
-the one before it (``ignore`` only). Within a layer the more specific
-selector wins, so ``select = ["KL002"]`` with ``ignore = ["KL"]`` keeps KL002.
+the one before it (``extend-select``, ``ignore``). Within a layer the more
+specific selector wins, so ``select = ["KL002"]`` with ``ignore = ["KL"]``
+keeps KL002.
+
+Configuration is hierarchical, as in Ruff: each file takes the nearest
+config file above it, so ``kllint a b`` and ``kllint b a`` agree when ``a/``
+and ``b/`` have their own. ``kllint.toml`` holds the keys at its top level
+(or under ``[tool.kllint]``) and wins over a ``pyproject.toml`` in the same
+directory. ``--config FILE`` applies one file to every path. Options given on
+the command line apply on top of whichever file a path takes.
 """
 
 from __future__ import annotations
@@ -25,7 +37,7 @@ import fnmatch
 import os
 import sys
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,11 +49,36 @@ if sys.version_info >= (3, 11):
 else:
     import tomli as tomllib
 
-KNOWN_KEYS = ("select", "ignore", "exclude", "per-file-ignores", "roles")
+KNOWN_KEYS = (
+    "select",
+    "extend-select",
+    "ignore",
+    "exclude",
+    "extend-exclude",
+    "per-file-ignores",
+    "respect-gitignore",
+    "roles",
+)
+# Looked for in each directory, in this order (as Ruff's ``ruff.toml`` before ``pyproject.toml``).
+CONFIG_FILES = ("kllint.toml", "pyproject.toml")
 
 
 class ConfigError(Exception):
     """A bad configuration value, from a file or from the command line."""
+
+
+@dataclass(frozen=True)
+class Overrides:
+    """What the command line sets, applied on top of every config file."""
+
+    select: tuple[str, ...] | None = None
+    extend_select: tuple[str, ...] = ()
+    ignore: tuple[str, ...] = ()
+    force_exclude: bool = False
+    respect_gitignore: bool | None = None
+    # One run's answers: directory -> its config file, config file -> settings.
+    # Per run, not global, so that a config edited between runs is read again.
+    cache: dict[Any, Any] = field(default_factory=dict, compare=False, hash=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -55,6 +92,27 @@ class Settings:
     # Globs are relative to this directory: the config file's, else the cwd.
     root: Path = field(default_factory=Path.cwd)
     config_path: Path | None = None
+    respect_gitignore: bool = True
+    # Apply ``exclude`` (and .gitignore) to files named on the command line
+    # too, as pre-commit names every changed file.
+    force_exclude: bool = False
+    # Set when each file takes its nearest config file; ``None`` when one
+    # configuration applies to every file (``--config``, or built in code).
+    overrides: Overrides | None = None
+
+    def for_path(self, path: Path) -> Settings:
+        """The settings for ``path``: those of its nearest config file, with
+        the command line's overrides on top."""
+        if self.overrides is None:
+            return self
+        config = find_config(path, self.overrides.cache)
+        if config == self.config_path:
+            return self
+        key = ("settings", config)
+        if key not in self.overrides.cache:
+            self.overrides.cache[key] = _settings_from(config, self.overrides)
+        settings: Settings = self.overrides.cache[key]
+        return settings
 
     def is_excluded(self, path: Path) -> bool:
         return any(_glob_matches(pattern, path, self.root) for pattern in self.exclude)
@@ -74,30 +132,48 @@ def load_settings(
     config: Path | None = None,
     select: Sequence[str] | None = None,
     ignore: Sequence[str] = (),
+    extend_select: Sequence[str] = (),
+    force_exclude: bool = False,
+    respect_gitignore: bool | None = None,
 ) -> Settings:
-    """Settings from ``config`` (or the nearest ``pyproject.toml`` with a
-    ``[tool.kllint]`` table above the first path) overridden by the command
-    line: ``select`` replaces the configured selection, ``ignore`` removes
-    from it. Raises ``ConfigError``."""
-    if config is None:
-        start = Path(paths[0]) if paths else Path.cwd()
-        config = find_config(start)
-    elif not config.is_file():
-        raise ConfigError(f"config file not found: {config}")
+    """The settings of the first path (its nearest config file, else the
+    defaults), with the command line on top: ``select`` replaces the
+    configured selection, ``extend_select`` adds to it, ``ignore`` removes
+    from it. Without ``config``, ``Settings.for_path`` resolves every other
+    file's own config file. Raises ``ConfigError``."""
+    overrides = Overrides(
+        select=tuple(select) if select is not None else None,
+        extend_select=tuple(extend_select),
+        ignore=tuple(ignore),
+        force_exclude=force_exclude,
+        respect_gitignore=respect_gitignore,
+    )
+    for selectors, origin in (
+        (overrides.select or (), "--select"),
+        (overrides.extend_select, "--extend-select"),
+        (overrides.ignore, "--ignore"),
+    ):
+        resolve_codes(selectors, origin)  # fail on a typo before reading any file
+    if config is not None:
+        if not config.is_file():
+            raise ConfigError(f"config file not found: {config}")
+        return replace(_settings_from(config, overrides), overrides=None)
+    start = Path(paths[0]) if paths else Path.cwd()
+    return _settings_from(find_config(start), overrides)
+
+
+def _settings_from(config: Path | None, overrides: Overrides) -> Settings:
     table = read_table(config) if config is not None else {}
     where = f"{config}: [tool.kllint]"
 
-    config_select = _string_list(table["select"], f"{where} select") if "select" in table else None
-    config_ignore = _string_list(table.get("ignore", []), f"{where} ignore")
-    for selectors, origin in (
-        (config_select or [], f"{where} select"),
-        (config_ignore, f"{where} ignore"),
-        (select or [], "--select"),
-        (ignore, "--ignore"),
-    ):
-        resolve_codes(selectors, origin)  # fail on a typo before choosing anything
-    enabled = _apply_layer(frozenset(RULES), config_select, config_ignore)
-    enabled = _apply_layer(enabled, select, ignore)
+    def strings(key: str) -> list[str]:
+        return _string_list(table.get(key, []), f"{where} {key}")
+
+    config_select = strings("select") if "select" in table else None
+    for key in ("select", "extend-select", "ignore"):
+        resolve_codes(strings(key), f"{where} {key}")  # fail on a typo before choosing anything
+    enabled = _apply_layer(frozenset(RULES), config_select, strings("ignore"), strings("extend-select"))
+    enabled = _apply_layer(enabled, overrides.select, overrides.ignore, overrides.extend_select)
 
     per_file = table.get("per-file-ignores", {})
     if not isinstance(per_file, Mapping):
@@ -116,35 +192,87 @@ def load_settings(
     except ValueError as err:
         raise ConfigError(f"{where} roles: {err}") from None
 
+    respect_gitignore = table.get("respect-gitignore", True)
+    if not isinstance(respect_gitignore, bool):
+        raise ConfigError(f"{where} respect-gitignore: expected true or false")
+    if overrides.respect_gitignore is not None:
+        respect_gitignore = overrides.respect_gitignore
+
     return Settings(
         select=enabled,
-        exclude=tuple(_string_list(table.get("exclude", []), f"{where} exclude")),
+        exclude=(*strings("exclude"), *strings("extend-exclude")),
         per_file_ignores=per_file_ignores,
         roles=roles,
         root=_absolute(config.parent if config is not None else Path.cwd()),
         config_path=config,
+        respect_gitignore=respect_gitignore,
+        force_exclude=overrides.force_exclude,
+        overrides=overrides,
     )
 
 
-def find_config(start: Path) -> Path | None:
-    """The nearest ``pyproject.toml`` at or above ``start`` that has a
-    ``[tool.kllint]`` table. Like Ruff, a ``pyproject.toml`` without one
-    (a sub-package's, say) does not stop the search."""
+def describe_settings(settings: Settings, path: Path) -> str:
+    """``--show-settings``: what ``path`` is checked with, one ``key = value`` a line."""
+    rules = ", ".join(sorted(settings.select)) or "(none)"
+    lines = [
+        f"path = {path}",
+        f"config = {settings.config_path or '(none: the defaults)'}",
+        f"root = {settings.root}",
+        f"select = [{rules}]",
+        f"exclude = {list(settings.exclude)}",
+        "per-file-ignores = {"
+        + ", ".join(f"{p!r}: {sorted(c)}" for p, c in settings.per_file_ignores)
+        + "}",
+        f"respect-gitignore = {str(settings.respect_gitignore).lower()}",
+        f"force-exclude = {str(settings.force_exclude).lower()}",
+        f"roles.policy = {list(settings.roles.policy)}",
+        f"roles.reference = {list(settings.roles.reference)}",
+        f"roles.old = {list(settings.roles.old)}",
+    ]
+    return "".join(f"{line}\n" for line in lines)
+
+
+def find_config(start: Path, cache: dict[Any, Any] | None = None) -> Path | None:
+    """The nearest config file at or above ``start``: a ``kllint.toml``, or a
+    ``pyproject.toml`` with a ``[tool.kllint]`` table. Like Ruff, a
+    ``pyproject.toml`` without one (a sub-package's, say) does not stop the
+    search."""
     start = _absolute(start)
-    if not start.is_dir():
-        start = start.parent
-    for directory in (start, *start.parents):
-        candidate = directory / "pyproject.toml"
-        if candidate.is_file() and _kllint_table(_load_toml(candidate)) is not None:
+    first = start if start.is_dir() else start.parent
+    cache = {} if cache is None else cache  # every file of a tree asks; siblings share answers
+    visited = []
+    found: Path | None = None
+    for directory in (first, *first.parents):
+        key = ("directory", directory)
+        if key in cache:
+            found = cache[key]
+            break
+        visited.append(key)
+        found = _config_in(directory)
+        if found is not None:
+            break
+    for key in visited:
+        cache[key] = found
+    return found
+
+
+def _config_in(directory: Path) -> Path | None:
+    for name in CONFIG_FILES:
+        candidate = directory / name
+        if candidate.is_file() and (
+            name != "pyproject.toml" or _kllint_table(_load_toml(candidate)) is not None
+        ):
             return candidate
     return None
 
 
 def read_table(path: Path) -> dict[str, Any]:
-    """The ``[tool.kllint]`` table of ``path``, with its keys checked."""
-    table = _kllint_table(_load_toml(path))
+    """The ``[tool.kllint]`` table of ``path`` (or, in a ``kllint.toml``, the
+    whole document), with its keys checked."""
+    document = _load_toml(path)
+    table = _kllint_table(document)
     if table is None:
-        return {}
+        return document if path.name == "kllint.toml" else {}
     if not isinstance(table, dict):
         raise ConfigError(f"{path}: [tool.kllint] must be a table")
     for key in table:
@@ -168,10 +296,13 @@ def resolve_codes(selectors: Iterable[str], where: str = "") -> frozenset[str]:
 
 
 def _apply_layer(
-    current: frozenset[str], select: Sequence[str] | None, ignore: Sequence[str]
+    current: frozenset[str],
+    select: Sequence[str] | None,
+    ignore: Sequence[str],
+    extend_select: Sequence[str] = (),
 ) -> frozenset[str]:
     enabled = set(current if select is None else ())
-    moves = [(_specificity(s), True, s) for s in select or ()]
+    moves = [(_specificity(s), True, s) for s in (*(select or ()), *extend_select)]
     moves += [(_specificity(s), False, s) for s in ignore]
     # Least specific first, so that ``KL002`` overrides ``KL`` whichever list it is in.
     for _, on, selector in sorted(moves, key=lambda move: move[0]):

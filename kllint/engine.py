@@ -6,7 +6,7 @@ import ast
 import os
 import re
 import traceback
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -14,13 +14,17 @@ import libcst
 
 from kllint.analysis.project import Project
 from kllint.config import Settings
+from kllint.discovery import discover
 from kllint.driver import check_source
 from kllint.findings import FileError, Finding, LintResult
-from kllint.suppression import is_suppressed, parse_suppressions
-
-# Never descended into (besides hidden directories); a path named on the
-# command line is linted even when it is one of these.
-SKIPPED_DIRS = frozenset({"__pycache__", "venv", "build", "dist", "node_modules", "site-packages"})
+from kllint.notebook import Notebook, NotebookError, cell_key, is_notebook
+from kllint.suppression import (
+    is_suppressed,
+    might_suppress,
+    parse_comments,
+    stale_suppressions,
+    suppression_table,
+)
 
 
 class MissingPathError(Exception):
@@ -60,7 +64,21 @@ def lint_paths(
         for path in files.values():
             _lint_file(path, settings, project, result)
     result.findings.sort(key=Finding.sort_key)
-    result.errors.sort(key=lambda e: (e.path, e.line, e.column))
+    result.errors.sort(key=lambda e: (e.path, e.cell or 0, e.line, e.column))
+    result.warnings.sort(key=lambda e: (e.path, e.cell or 0, e.line, e.column))
+    return result
+
+
+def lint_source(data: bytes, filename: str, settings: Settings | None = None) -> LintResult:
+    """Lint text that has no file (``kllint -``): ``filename`` places it for
+    the config file, ``per-file-ignores`` and reports, and whether it is a
+    notebook. Helpers it imports are still read from disk around it."""
+    path = Path(filename)
+    settings = settings or Settings()
+    project = Project(list(dict.fromkeys([settings.root, Path(os.path.abspath(path)).parent])))
+    result = LintResult(findings=[], errors=[], files_checked=0)
+    _lint_data(data, path, settings, project, result)
+    result.findings.sort(key=Finding.sort_key)
     return result
 
 
@@ -78,6 +96,7 @@ def _lint_in_parallel(
             result.files_checked += part.files_checked
             result.internal_errors += part.internal_errors
             result.sources.update(part.sources)
+            result.warnings.extend(part.warnings)
 
 
 def _lint_chunk(files: list[Path], settings: Settings, roots: list[Path]) -> LintResult:
@@ -90,28 +109,6 @@ def _lint_chunk(files: list[Path], settings: Settings, roots: list[Path]) -> Lin
     return part
 
 
-def discover(paths: Sequence[Path], settings: Settings) -> Iterator[Path]:
-    """The files to lint, in a stable order: a named file always, a directory's
-    ``.py`` files minus hidden, build and virtualenv directories and ``exclude``."""
-    for path in paths:
-        if not path.is_dir():
-            yield path
-            continue
-        for directory, subdirs, files in os.walk(path):
-            here = Path(directory)
-            subdirs[:] = sorted(
-                d
-                for d in subdirs
-                if not d.startswith(".")
-                and d not in SKIPPED_DIRS
-                and not (here / d / "pyvenv.cfg").exists()
-                and not settings.is_excluded(here / d)
-            )
-            for name in sorted(files):
-                if name.endswith(".py") and not settings.is_excluded(here / name):
-                    yield here / name
-
-
 def display_path(path: Path) -> str:
     """Relative to the working directory when under it, else as given."""
     try:
@@ -121,24 +118,42 @@ def display_path(path: Path) -> str:
 
 
 def _lint_file(path: Path, settings: Settings, project: Project, result: LintResult) -> None:
-    shown = display_path(path)
     try:
         data = path.read_bytes()
-        source = data.decode("utf-8-sig")
     except OSError as err:
-        result.errors.append(FileError(shown, 1, 1, f"cannot read file: {err.strerror or err}"))
+        message = f"cannot read file: {err.strerror or err}"
+        result.errors.append(FileError(display_path(path), 1, 1, message))
         return
+    _lint_data(data, path, settings, project, result)
+
+
+def _lint_data(
+    data: bytes, path: Path, settings: Settings, project: Project, result: LintResult
+) -> None:
+    shown = display_path(path)
+    settings = settings.for_path(path)  # the file's nearest config file
+    try:
+        source = data.decode("utf-8-sig")
     except UnicodeDecodeError as err:
         line = data.count(b"\n", 0, err.start) + 1
         message = f"UnicodeDecodeError: not valid UTF-8 ({err.reason} at byte {err.start})"
         result.errors.append(FileError(shown, line, 1, message))
         return
+    notebook = None
+    if is_notebook(path):
+        try:
+            notebook = Notebook.parse(source)
+        except NotebookError as err:
+            result.errors.append(FileError(shown, 1, 1, str(err)))
+            return
+        source = notebook.code  # the code cells as one module; positions mapped back below
     result.files_checked += 1
 
     try:
         findings = check_source(source, shown, project, settings.roles)
     except libcst.ParserSyntaxError as err:
-        result.errors.append(_syntax_error(shown, source, err))
+        error = _syntax_error(shown, source, err)
+        result.errors.append(notebook.relocate(error) if notebook else error)
         return
     except Exception as err:
         # One file crashing the analysis must not hide the others' findings.
@@ -146,14 +161,23 @@ def _lint_file(path: Path, settings: Settings, project: Project, result: LintRes
         result.internal_errors += 1
         return
 
-    ignored = settings.ignored_codes(path)
-    findings = [f for f in findings if f.code in settings.select and f.code not in ignored]
-    if findings:
-        suppressions = parse_suppressions(source)
+    enabled = settings.select - settings.ignored_codes(path)
+    findings = [f for f in findings if f.code in enabled]
+    warnings: list[FileError] = []
+    if might_suppress(source):
+        comments = parse_comments(source)
+        suppressions = suppression_table(comments)
+        warnings = stale_suppressions(comments, findings, enabled, shown)
         findings = [f for f in findings if not is_suppressed(f, suppressions)]
-    if findings:
-        result.findings.extend(findings)
+    if notebook is not None:
+        findings = [notebook.relocate(f) for f in findings]
+        warnings = [notebook.relocate(w) for w in warnings]
+        for cell in {f.cell for f in findings if f.cell is not None}:
+            result.sources[cell_key(shown, cell)] = notebook.cell_code(cell)
+    elif findings:
         result.sources[shown] = source
+    result.findings.extend(findings)
+    result.warnings.extend(warnings)
 
 
 def _syntax_error(shown: str, source: str, err: libcst.ParserSyntaxError) -> FileError:

@@ -22,6 +22,9 @@ class Finding:
     message: str  # one line: what is wrong, in the code's own names
     severity: str = "error"  # "error" | "warning"
     fix_title: str | None = None
+    # The reasoning behind the one-line message: the resolved selector, the
+    # helper chain, what the gradient is. Shown indented under the finding.
+    notes: list[str] = field(default_factory=list)
     # The facts behind the message, for json/sarif consumers:
     # estimator, policy, reference, sink, level, branch, gradient, ...
     facts: dict[str, Any] = field(default_factory=dict)
@@ -30,12 +33,12 @@ class Finding:
     site: KLSite | None = field(default=None, repr=False, compare=False)
     # Filled by --confirm: {"verdict": ..., ...}
     confirmation: dict[str, Any] | None = None
-    # Why, under the headline: the reasoning, the resolved selector, how the
-    # term reaches the loss, the helper it is computed in.
-    notes: list[str] = field(default_factory=list)
+    # In a notebook: the 1-based number of the cell (markdown cells count),
+    # and ``line`` counts from the cell's first line.
+    cell: int | None = None
 
-    def sort_key(self) -> tuple[str, int, int, str]:
-        return (self.path, self.line, self.column, self.code)
+    def sort_key(self) -> tuple[str, int, int, int, str]:
+        return (self.path, self.cell or 0, self.line, self.column, self.code)
 
 
 @dataclass
@@ -46,6 +49,7 @@ class FileError:
     line: int
     column: int
     message: str
+    cell: int | None = None  # in a notebook, as in ``Finding``
 
 
 @dataclass
@@ -57,3 +61,5 @@ class LintResult:
     # The text of each file with findings, by displayed path: reporters show
     # the offending line and fingerprint it.
     sources: dict[str, str] = field(default_factory=dict, repr=False)
+    # Not findings: stale suppression comments (see kllint.suppression).
+    warnings: list[FileError] = field(default_factory=list)

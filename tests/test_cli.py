@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import types
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import pytest
 from click.testing import CliRunner, Result
 from fake_analysis import flag_markers
 
+from kllint import __version__
 from kllint import cli as cli_module
 from kllint.cli import main
 from kllint.findings import Finding
@@ -210,10 +212,11 @@ def test_rules_lists_code_name_and_summary() -> None:
     assert lines[1].endswith(RULES["KL002"].summary)
 
 
-def test_version() -> None:
-    result = kllint("--version")
+@pytest.mark.parametrize("flag", ["--version", "-V"])
+def test_version(flag: str) -> None:
+    result = kllint(flag)
     assert result.exit_code == 0
-    assert result.output.startswith("kllint, version ")
+    assert result.output == f"kllint {__version__}\n"
 
 
 def test_confirm_without_torch(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -261,3 +264,183 @@ def test_python_dash_m_kllint() -> None:
     )
     assert run.returncode == 0
     assert run.stdout.startswith("KL001  differentiated-k1-estimate")
+
+
+def test_group_help_lists_every_command() -> None:
+    result = kllint("--help")
+    assert result.exit_code == 0
+    commands = result.output.split("Commands:\n")[1].split("\n\n")[0]
+    assert {line.split()[0] for line in commands.splitlines()} == {
+        "check",
+        "estimators",
+        "rule",
+        "rules",
+    }
+    assert "`kllint PATH` is short for `kllint check PATH`" in result.output
+
+
+def test_check_is_the_long_form() -> None:
+    write("grpo.py", K3_LOSS)
+    assert kllint("check", "grpo.py").output == kllint("grpo.py").output
+
+
+@pytest.mark.parametrize("flag", ["--format", "--output-format"])
+def test_output_format_as_ruff_spells_it(flag: str) -> None:
+    write("grpo.py", K3_LOSS)
+    result = kllint(flag, "json", "grpo.py")
+    assert json.loads(result.output)[0]["code"] == "KL002"
+
+
+def test_output_file() -> None:
+    write("grpo.py", K3_LOSS)
+    result = kllint("--output-format", "sarif", "--output-file", "out/kllint.sarif", "grpo.py")
+    assert result.exit_code == 2  # no such directory: a clear error, not a traceback
+    assert result.output.startswith("kllint: error: cannot write out/kllint.sarif")
+    Path("out").mkdir()
+    result = kllint("--output-format", "sarif", "-o", "out/kllint.sarif", "grpo.py")
+    assert result.exit_code == 1
+    assert result.output == ""
+    assert json.loads(Path("out/kllint.sarif").read_text())["version"] == "2.1.0"
+
+
+def test_statistics() -> None:
+    write("losses.py", "a = low_var_kl(x)\nb = low_var_kl(y)\nc = k1_loss(x)\n")
+    result = kllint("--statistics", "losses.py")
+    assert result.exit_code == 1
+    assert result.output == "2  KL002  differentiated-k3-estimate\n1  KL001  differentiated-k1-estimate\n"
+
+
+def test_add_noqa_silences_every_finding_and_then_the_run_is_clean() -> None:
+    write("losses.py", "a = low_var_kl(x)  # noqa: E501\nb = k1_loss(x)\n")
+    result = kllint("--add-noqa", "losses.py")
+    assert result.exit_code == 0
+    assert result.output == "Added 2 noqa directives.\n"
+    assert Path("losses.py").read_text() == (
+        "a = low_var_kl(x)  # noqa: E501, KL002\nb = k1_loss(x)  # noqa: KL001\n"
+    )
+    assert kllint("losses.py").exit_code == 0
+
+
+def test_add_noqa_in_a_notebook_keeps_outputs() -> None:
+    from test_notebook import GRPO
+
+    write("grpo.ipynb", GRPO)
+    assert kllint("--add-noqa", "grpo.ipynb").exit_code == 0
+    cell = json.loads(Path("grpo.ipynb").read_text())["cells"][2]
+    assert cell["source"][1] == "    kl = low_var_kl(logp, ref_logp)  # noqa: KL002\n"
+    assert cell["outputs"] == json.loads(GRPO)["cells"][2]["outputs"]
+    assert kllint("grpo.ipynb").exit_code == 0
+
+
+def test_stale_noqa_is_a_warning_on_stderr_and_does_not_fail() -> None:
+    write("ppo.py", "kl = 0.5 * log_ratio**2  # noqa: KL002\n")
+    result = CliRunner().invoke(main, ["ppo.py"])
+    assert result.exit_code == 0
+    assert result.stdout == "All checks passed!\n"
+    assert result.stderr == (
+        "kllint: warning: ppo.py:1:26: unused suppression: KL002 silences nothing on this line\n"
+    )
+
+
+def test_stdin() -> None:
+    result = CliRunner().invoke(main, ["-"], input=K3_LOSS)
+    assert result.exit_code == 1
+    assert result.output.startswith("-:2:12: KL002")
+    write("pyproject.toml", '[tool.kllint]\nper-file-ignores = { "tests/*" = ["KL002"] }\n')
+    named = CliRunner().invoke(main, ["--stdin-filename", "rl/grpo.py", "-"], input=K3_LOSS)
+    assert named.output.startswith("rl/grpo.py:2:12: KL002")
+    ignored = CliRunner().invoke(main, ["--stdin-filename", "tests/test_grpo.py"], input=K3_LOSS)
+    assert ignored.exit_code == 0
+
+
+def test_stdin_cannot_be_mixed_with_paths() -> None:
+    write("grpo.py", K3_LOSS)
+    result = kllint("-", "grpo.py")
+    assert result.exit_code == 2
+    assert "cannot be combined" in result.output
+
+
+@pytest.mark.parametrize(
+    ("args", "environ", "colored"),
+    [
+        (["--color", "always"], {}, True),
+        (["--color", "never"], {"FORCE_COLOR": "1"}, False),
+        ([], {"FORCE_COLOR": "1"}, True),
+        ([], {"FORCE_COLOR": "1", "NO_COLOR": "1"}, False),
+        ([], {}, False),  # not a terminal
+    ],
+)
+def test_color(
+    args: list[str], environ: dict[str, str], colored: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    monkeypatch.delenv("FORCE_COLOR", raising=False)
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    write("grpo.py", K3_LOSS)
+    assert ("\x1b[" in CliRunner().invoke(main, [*args, "grpo.py"], color=True).output) == colored
+
+
+def test_show_settings_and_show_files() -> None:
+    write("pyproject.toml", '[tool.kllint]\nselect = ["KL002"]\nexclude = ["generated"]\n')
+    write("rl/grpo.py", K3_LOSS)
+    write("rl/analysis.ipynb", '{"cells": []}')
+    write("generated/x.py", K3_LOSS)
+    settings = kllint("--show-settings", "rl/grpo.py")
+    assert settings.exit_code == 0
+    assert "select = [KL002]\n" in settings.output
+    assert "exclude = ['generated']\n" in settings.output
+    files = kllint("--show-files")
+    assert files.output == "rl/analysis.ipynb\nrl/grpo.py\n"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["estimators"], "kllint: estimators needs torch: pip install 'kllint[confirm]'\n"),
+        (["--confirm", "grpo.py"], "kllint: --confirm needs torch: pip install 'kllint[confirm]'\n"),
+    ],
+)
+def test_commands_that_need_torch_fail_in_one_line_without_it(
+    args: list[str], message: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "torch", None)  # makes `import torch` fail
+    write("grpo.py", K3_LOSS)
+    result = kllint(*args)
+    assert (result.exit_code, result.output) == (2, message)
+
+
+def test_estimators_plot_needs_matplotlib(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "torch", types.ModuleType("torch"))
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    result = kllint("estimators", "--plot", "out.png")
+    assert (result.exit_code, result.output) == (
+        2,
+        "kllint: --plot needs matplotlib: pip install 'kllint[plot]'\n",
+    )
+
+
+def test_progress_shows_elapsed_time_on_a_long_run_and_erases_it(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(cli_module._Progress, "DELAY_S", 0.0)
+    with cli_module._Progress(enabled=True) as progress:
+        deadline = time.monotonic() + 30
+        while not progress._shown and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert capsys.readouterr().err == "\rkllint: checking... 0s\r\x1b[K"
+    with cli_module._Progress(enabled=False):  # stderr is not a terminal
+        time.sleep(0.2)
+    assert capsys.readouterr().err == ""
+
+
+def test_force_exclude_and_gitignore_from_the_command_line() -> None:
+    write("pyproject.toml", '[tool.kllint]\nexclude = ["generated"]\n')
+    write("generated/grpo.py", K3_LOSS)
+    assert kllint("generated/grpo.py").exit_code == 1
+    assert kllint("--force-exclude", "generated/grpo.py").exit_code == 0
+    Path(".git").mkdir()
+    write(".gitignore", "outputs/\n")
+    write("outputs/grpo.py", K3_LOSS)
+    assert kllint("--show-files").output == ""
+    assert kllint("--no-respect-gitignore", "--show-files").output == "outputs/grpo.py\n"

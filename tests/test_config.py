@@ -69,8 +69,8 @@ def test_command_line_select_replaces_and_ignore_removes() -> None:
 
 
 def test_unknown_key_names_the_file_and_the_key() -> None:
-    pyproject('extend-select = ["KL002"]')
-    with pytest.raises(ConfigError, match=r"pyproject\.toml.*unknown key 'extend-select'"):
+    pyproject('extend-selct = ["KL002"]')
+    with pytest.raises(ConfigError, match=r"pyproject\.toml.*unknown key 'extend-selct'"):
         load_settings(["."])
 
 
@@ -169,3 +169,83 @@ def test_discovery_skips_hidden_cache_and_virtualenv_directories() -> None:
 def test_named_file_is_linted_whatever_its_suffix() -> None:
     write("bin/train", "kl = low_var_kl(logp, ref_logp)\n")
     assert [f.path for f in lint_paths(["bin/train"]).findings] == ["bin/train"]
+
+
+K3 = "kl = low_var_kl(logp, ref_logp)\n"
+
+
+def test_each_file_takes_its_nearest_config_whatever_the_order_of_paths() -> None:
+    write("a/pyproject.toml", '[tool.kllint]\nignore = ["KL002"]\n')
+    write("b/pyproject.toml", '[tool.kllint]\nexclude = ["generated"]\n')
+    for name in ["a/train.py", "b/train.py", "b/generated/losses.py"]:
+        write(name, K3)
+    for order in (["a", "b"], ["b", "a"]):
+        result = lint_paths(order, load_settings(order))
+        assert [f.path for f in result.findings] == ["b/train.py"], order
+
+
+def test_command_line_applies_on_top_of_every_config() -> None:
+    write("a/pyproject.toml", '[tool.kllint]\nselect = ["KL001"]\n')
+    write("a/train.py", K3)
+    write("b/train.py", K3)
+    settings = load_settings(["a", "b"], extend_select=["KL002"])
+    assert [f.path for f in lint_paths(["a", "b"], settings).findings] == ["a/train.py", "b/train.py"]
+    settings = load_settings(["a", "b"], ignore=["KL002"])
+    assert lint_paths(["a", "b"], settings).findings == []
+
+
+def test_explicit_config_applies_to_every_path() -> None:
+    write("a/pyproject.toml", '[tool.kllint]\nselect = ["KL001"]\n')
+    write("ci.toml", "[tool.kllint]\n")
+    write("a/train.py", K3)
+    settings = load_settings(["a"], config=Path("ci.toml"))
+    assert [f.path for f in lint_paths(["a"], settings).findings] == ["a/train.py"]
+
+
+def test_kllint_toml_holds_the_keys_at_top_level_and_wins_over_pyproject() -> None:
+    pyproject('select = ["KL002"]')
+    write("kllint.toml", 'select = ["KL001"]\n')
+    settings = load_settings(["."])
+    assert settings.config_path == Path("kllint.toml").absolute()
+    assert settings.select == {"KL001"}
+
+
+def test_extend_select_and_extend_exclude() -> None:
+    pyproject('select = ["KL001"]\nextend-select = ["KL002"]\nexclude = ["a"]\nextend-exclude = ["b"]')
+    for name in ["train.py", "a/x.py", "b/x.py"]:
+        write(name, K3)
+    settings = load_settings(["."])
+    assert settings.select == {"KL001", "KL002"}
+    assert [f.path for f in lint_paths(["."], settings).findings] == ["train.py"]
+
+
+def test_gitignore_is_respected_inside_a_git_work_tree() -> None:
+    Path(".git").mkdir()
+    write(".gitignore", "outputs/\n*_generated.py\n!keep_generated.py\n")
+    write("sub/.gitignore", "scratch.py\n")
+    names = ["train.py", "outputs/train.py", "x_generated.py", "keep_generated.py"]
+    for name in [*names, "sub/scratch.py", "sub/train.py"]:
+        write(name, K3)
+    found = [f.path for f in lint_paths(["."], load_settings(["."])).findings]
+    assert found == ["keep_generated.py", "sub/train.py", "train.py"]
+    pyproject("respect-gitignore = false")
+    assert len(lint_paths(["."], load_settings(["."])).findings) == 6
+    # A file named on the command line is linted (unless --force-exclude).
+    assert len(lint_paths(["outputs/train.py"], load_settings(["."])).findings) == 1
+
+
+def test_force_exclude_applies_exclude_to_named_files() -> None:
+    pyproject('exclude = ["generated"]')
+    write("generated/losses.py", K3)
+    write("train.py", K3)
+    named = ["generated/losses.py", "train.py"]
+    assert len(lint_paths(named, load_settings(named)).findings) == 2
+    forced = load_settings(named, force_exclude=True)
+    assert [f.path for f in lint_paths(named, forced).findings] == ["train.py"]
+
+
+def test_a_config_edited_between_runs_is_read_again() -> None:
+    pyproject('select = ["KL001"]')
+    assert load_settings(["."]).select == {"KL001"}
+    pyproject('select = ["KL002"]')
+    assert load_settings(["."]).select == {"KL002"}

@@ -10,8 +10,7 @@ from typing import Any
 import pytest
 from fake_analysis import finding
 
-from kllint.engine import LintResult
-from kllint.findings import FileError
+from kllint.findings import FileError, LintResult
 from kllint.reporters import render
 from kllint.reporters.github import escape_data, escape_property
 from kllint.rulebook import parse_sections
@@ -116,7 +115,7 @@ def test_json_objects_sorted_by_path_line_column() -> None:
         ("train.py", 5, "KL005"),
     ]
     keys = {"code", "name", "path", "line", "column", "end_line", "end_column"}
-    keys |= {"severity", "message", "fix_title", "facts", "notes"}
+    keys |= {"severity", "message", "notes", "fix_title", "facts", "cell"}
     assert all(set(e) == keys for e in entries)
     k2 = entries[1]
     assert k2["name"] == "differentiated-k3-estimate"
@@ -270,3 +269,65 @@ def test_parse_sections_splits_at_headings_outside_code() -> None:
     assert sections[""] == "# differentiated-k3-estimate (KL002)"
     assert "## not a heading" in sections["Example"]
     assert sections["Use instead"] == "Use k2."
+
+
+def with_notes() -> LintResult:
+    r = result()
+    r.findings[1].notes = ["the selector `kl_type` resolves to 'low_var_kl'", "k3 reaches the loss"]
+    return r
+
+
+def test_full_shows_notes_indented_under_the_finding() -> None:
+    text = render(with_notes(), "full")
+    assert (
+        "  |\n"
+        "  = note: the selector `kl_type` resolves to 'low_var_kl'\n"
+        "  = note: k3 reaches the loss\n"
+        "  = help: Use the k2 estimate 0.5 * log_ratio**2\n"
+    ) in text
+
+
+def test_concise_leaves_notes_out() -> None:
+    assert render(with_notes(), "concise") == render(result(), "concise")
+
+
+def test_json_and_sarif_carry_notes() -> None:
+    entries = json.loads(render(with_notes(), "json"))
+    assert entries[1]["notes"] == ["the selector `kl_type` resolves to 'low_var_kl'", "k3 reaches the loss"]
+    [first, _] = json.loads(render(with_notes(), "sarif"))["runs"][0]["results"]
+    assert first["properties"]["notes"] == entries[1]["notes"]
+    assert "Note: k3 reaches the loss" in first["message"]["text"]
+
+
+def test_summary_is_markdown_with_counts_and_links(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kllint.reporters import summary
+
+    environ = {
+        "GITHUB_SERVER_URL": "https://github.com",
+        "GITHUB_REPOSITORY": "acme/rl",
+        "GITHUB_SHA": "abc123",
+    }
+    text = summary.render(result(), environ)
+    assert text.startswith("## kllint\n\n**2 findings and 1 file that could not be checked**")
+    assert "| KL002 | `differentiated-k3-estimate` | 1 |" in text
+    assert "| [`train.py`](https://github.com/acme/rl/blob/abc123/train.py) | 2 |" in text
+    assert (
+        "- [`train.py:4:10`](https://github.com/acme/rl/blob/abc123/train.py#L4) **KL002** "
+        "`differentiated-k3-estimate` k3 is differentiated: its gradient is that of "
+        "KL(ref\\|\\|pi), 100% reversed"
+    ) in text
+    # Without GitHub's variables, plain paths.
+    assert "- `train.py:5:12` **KL005**" in summary.render(result(), {})
+
+
+def test_summary_when_clean() -> None:
+    clean = LintResult(findings=[], errors=[], files_checked=3)
+    assert render(clean, "summary") == "## kllint\n\nAll checks passed! (3 files checked)\n"
+
+
+def test_statistics_counts_per_rule() -> None:
+    from kllint.reporters.text import statistics
+
+    assert statistics(result()) == (
+        "1  E999  file-error\n1  KL002  differentiated-k3-estimate\n1  KL005  kl-loss-without-gradient\n"
+    )

@@ -8,7 +8,13 @@ import pytest
 from fake_analysis import finding, flag_markers
 
 from kllint.engine import lint_paths
-from kllint.suppression import is_suppressed, parse_suppressions
+from kllint.suppression import (
+    is_suppressed,
+    parse_comments,
+    parse_suppressions,
+    stale_suppressions,
+    with_noqa,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -86,3 +92,61 @@ def test_lint_drops_silenced_findings(tmp_path: Path, monkeypatch: pytest.Monkey
     )
     result = lint_paths(["train.py"])
     assert [f.line for f in result.findings] == [1, 3, 4]
+
+
+def stale(source: str, enabled: tuple[str, ...] = ("KL001", "KL002", "KL005")) -> list[str]:
+    findings = flag_markers(source, "train.py", None, None)
+    warnings = stale_suppressions(parse_comments(source), findings, enabled, "train.py")
+    return [f"{w.line}:{w.column}: {w.message}" for w in warnings]
+
+
+def test_a_noqa_that_silences_something_is_not_stale() -> None:
+    assert stale("kl = low_var_kl(logp, ref_logp)  # noqa: KL002\n") == []
+
+
+def test_a_kl_code_that_silences_nothing_is_stale() -> None:
+    assert stale("kl = 0.5 * log_ratio**2  # noqa: KL002\n") == [
+        "1:26: unused suppression: KL002 silences nothing on this line"
+    ]
+    assert stale("kl = 0.5 * log_ratio**2  # kllint: ignore\n") == [
+        "1:26: unused suppression: kllint: ignore silences nothing on this line"
+    ]
+
+
+def test_an_unknown_kl_code_is_reported() -> None:
+    assert stale("kl = low_var_kl(logp, ref_logp)  # noqa: KL02\n") == [
+        "1:34: unknown rule 'KL02' in a suppression comment (see `kllint rules`)"
+    ]
+
+
+def test_other_tools_codes_and_rules_not_enabled_are_left_alone() -> None:
+    assert stale("import os  # noqa: F401\nx = 1  # noqa\n") == []
+    # --select KL001: KL002 might report here on a full run; the comment is not stale.
+    assert stale("kl = 0.5 * log_ratio**2  # noqa: KL002\n", enabled=("KL001",)) == []
+
+
+def test_stale_comments_reach_the_run_as_warnings(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text("kl = 0.5 * log_ratio**2  # noqa: KL002\n")
+    result = lint_paths([tmp_path / "train.py"])
+    assert result.findings == []
+    assert [w.message for w in result.warnings] == [
+        "unused suppression: KL002 silences nothing on this line"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ("kl = low_var_kl(x)\n", "kl = low_var_kl(x)  # noqa: KL002\n"),
+        ("kl = low_var_kl(x)  # noqa: KL001\n", "kl = low_var_kl(x)  # noqa: KL001, KL002\n"),
+        ("kl = low_var_kl(x)  # noqa\n", "kl = low_var_kl(x)  # noqa\n"),
+        ("kl = low_var_kl(x)  # why\n", "kl = low_var_kl(x)  # why  # noqa: KL002\n"),
+    ],
+)
+def test_with_noqa(source: str, expected: str) -> None:
+    assert with_noqa(source, {1: ["KL002"]}) == (expected, [])
+
+
+def test_with_noqa_refuses_lines_inside_a_string() -> None:
+    source = 'doc = """\nlow_var_kl(x)\n"""\n'
+    assert with_noqa(source, {2: ["KL002"]}) == (source, [2])

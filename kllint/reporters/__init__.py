@@ -1,12 +1,13 @@
 """Output formats. Text formats end with a summary line; machine formats
-(json, github, sarif) print nothing but the report."""
+(json, github, sarif) print nothing but the report; ``summary`` is Markdown
+for a CI job summary."""
 
 from __future__ import annotations
 
 from kllint.findings import LintResult
-from kllint.reporters import github, json_output, sarif, text
+from kllint.reporters import github, json_output, sarif, summary, text
 
-FORMATS = ("full", "concise", "json", "github", "sarif")
+FORMATS = ("full", "concise", "json", "github", "sarif", "summary")
 
 
 def render(result: LintResult, format: str = "full", *, color: bool = False) -> str:
@@ -20,4 +21,6 @@ def render(result: LintResult, format: str = "full", *, color: bool = False) -> 
         return github.render(result)
     if format == "sarif":
         return sarif.render(result)
+    if format == "summary":
+        return summary.render(result)
     raise ValueError(f"unknown output format {format!r} (known: {', '.join(FORMATS)})")

@@ -8,8 +8,10 @@ import os
 from pathlib import Path
 from typing import Any
 
+from kllint import notebook
 from kllint.analysis import ir
 from kllint.findings import FileError, Finding, LintResult
+from kllint.notebook import cell_key
 
 FILE_ERROR_CODE = "E999"
 FILE_ERROR_NAME = "file-error"
@@ -18,20 +20,41 @@ FILE_ERROR_NAME = "file-error"
 def entries(result: LintResult) -> list[Finding | FileError]:
     """Findings and file errors in one list, by path, line, column, code."""
 
-    def key(entry: Finding | FileError) -> tuple[str, int, int, str]:
+    def key(entry: Finding | FileError) -> tuple[str, int, int, int, str]:
         if isinstance(entry, Finding):
             return entry.sort_key()
-        return (entry.path, entry.line, entry.column, FILE_ERROR_CODE)
+        return (entry.path, entry.cell or 0, entry.line, entry.column, FILE_ERROR_CODE)
 
     return sorted([*result.findings, *result.errors], key=key)
 
 
-def source_line(result: LintResult, path: str, line: int) -> str | None:
-    source = result.sources.get(path)
+def source_line(result: LintResult, path: str, line: int, cell: int | None = None) -> str | None:
+    source = result.sources.get(path if cell is None else cell_key(path, cell))
     if source is None:
         return None
     lines = source.splitlines()
     return lines[line - 1] if 0 < line <= len(lines) else None
+
+
+def location(entry: Finding | FileError) -> str:
+    """``path:line:column``, or ``path:cell N:line:column`` in a notebook (as Ruff)."""
+    cell = f"cell {entry.cell}:" if entry.cell is not None else ""
+    return f"{entry.path}:{cell}{entry.line}:{entry.column}"
+
+
+def file_lines(entry: Finding | FileError) -> tuple[int, int] | None:
+    """``(line, end_line)`` in the notebook file itself for an entry in a cell
+    (see ``notebook.file_line``), else ``None``."""
+    if entry.cell is None:
+        return None
+    try:
+        text = Path(entry.path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+    end = entry.end_line if isinstance(entry, Finding) else entry.line
+    start_line = notebook.file_line(text, entry.cell, entry.line)
+    end_line = notebook.file_line(text, entry.cell, end)
+    return (start_line, end_line) if start_line and end_line else None
 
 
 def repo_root() -> Path:

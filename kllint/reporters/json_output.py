@@ -1,9 +1,11 @@
 """``--format json``: one array of findings and file errors, by path, line, column.
 
-Each finding is ``{code, name, path, line, column, end_line, end_column,
-severity, message, fix_title, facts}`` plus ``confirmation`` after
-``--confirm``; a file error has the same keys with code ``E999``. Lines and
-columns are 1-based; ``end_column`` is exclusive."""
+Each finding is ``{code, name, path, cell, line, column, end_line,
+end_column, severity, message, notes, fix_title, facts}`` plus
+``confirmation`` after ``--confirm``; a file error has the same keys with
+code ``E999``. Lines and columns are 1-based; ``end_column`` is exclusive.
+``cell`` is ``null`` outside notebooks; in one, the 1-based cell number,
+and lines count from the cell's first line."""
 
 from __future__ import annotations
 
@@ -24,29 +26,31 @@ def _entry(entry: Finding | FileError) -> dict[str, Any]:
             "code": FILE_ERROR_CODE,
             "name": FILE_ERROR_NAME,
             "path": entry.path,
+            "cell": entry.cell,
             "line": entry.line,
             "column": entry.column,
             "end_line": entry.line,
             "end_column": entry.column,
             "severity": "error",
             "message": entry.message,
+            "notes": [],
             "fix_title": None,
             "facts": {},
-            "notes": [],
         }
     data = {
         "code": entry.code,
         "name": entry.name,
         "path": entry.path,
+        "cell": entry.cell,
         "line": entry.line,
         "column": entry.column,
         "end_line": entry.end_line,
         "end_column": entry.end_column,
         "severity": entry.severity,
         "message": entry.message,
+        "notes": entry.notes,
         "fix_title": entry.fix_title,
         "facts": entry.facts,
-        "notes": entry.notes,
     }
     if entry.confirmation is not None:
         data["confirmation"] = entry.confirmation

@@ -16,7 +16,14 @@ from typing import Any
 
 from kllint import __version__
 from kllint.findings import FileError, Finding, LintResult
-from kllint.reporters.common import FILE_ERROR_CODE, jsonable, repo_relative, repo_root, source_line
+from kllint.reporters.common import (
+    FILE_ERROR_CODE,
+    file_lines,
+    jsonable,
+    repo_relative,
+    repo_root,
+    source_line,
+)
 from kllint.rulebook import find_rule_page, parse_sections
 from kllint.rules import RULES, RuleInfo
 
@@ -68,24 +75,39 @@ def _rule(rule: RuleInfo) -> dict[str, Any]:
 
 def _result(f: Finding, result: LintResult, root: Path, seen: Counter[str]) -> dict[str, Any]:
     uri = repo_relative(f.path, root)
-    text = source_line(result, f.path, f.line) or ""
-    end_text = source_line(result, f.path, f.end_line) or ""
+    text = source_line(result, f.path, f.line, f.cell) or ""
+    end_text = source_line(result, f.path, f.end_line, f.cell) or ""
     start = (f.line, _utf16_column(text, f.column))
     end = max((f.end_line, _utf16_column(end_text, f.end_column)), start)
-    line_hash = hashlib.sha256(f"{f.code}\0{uri}\0{' '.join(text.split())}".encode()).hexdigest()
+    cell = f"\0cell {f.cell}" if f.cell is not None else ""
+    line_hash = hashlib.sha256(
+        f"{f.code}\0{uri}{cell}\0{' '.join(text.split())}".encode()
+    ).hexdigest()
     seen[line_hash] += 1
     properties: dict[str, Any] = {"name": f.name, "facts": f.facts}
+    if f.notes:
+        properties["notes"] = f.notes
     if f.fix_title:
         properties["fix_title"] = f.fix_title
     if f.confirmation is not None:
         properties["confirmation"] = f.confirmation
-    message = f"{f.message}\nHelp: {f.fix_title}" if f.fix_title else f.message
+    if f.cell is not None:
+        # SARIF regions count lines of the file; a notebook's are JSON lines,
+        # so the region is the cell's line and the cell is named here.
+        properties["cell"] = f.cell
+    message = "\n".join(
+        [
+            f"{f.message} (cell {f.cell})" if f.cell is not None else f.message,
+            *(f"Note: {note}" for note in f.notes),
+            *([f"Help: {f.fix_title}"] if f.fix_title else []),
+        ]
+    )
     return {
         "ruleId": f.code,
         **({"ruleIndex": list(RULES).index(f.code)} if f.code in RULES else {}),
         "level": _level(f.severity),
         "message": {"text": message},
-        "locations": [_location(uri, start, end)],
+        "locations": [_notebook_location(f, uri) or _location(uri, start, end)],
         "partialFingerprints": {"primaryLocationLineHash": f"{line_hash[:16]}:{seen[line_hash]}"},
         "properties": properties,
     }
@@ -114,6 +136,18 @@ def _location(uri: str, start: tuple[int, int], end: tuple[int, int]) -> dict[st
             "region": region,
         }
     }
+
+
+def _notebook_location(f: Finding, uri: str) -> dict[str, Any] | None:
+    """In a notebook, the file's own lines that hold the cell's (columns are
+    shifted by JSON quoting there, so the region is whole lines)."""
+    mapped = file_lines(f) if f.cell is not None else None
+    if mapped is None:
+        return None
+    location = _location(uri, (mapped[0], 1), (mapped[1], 1))
+    region = location["physicalLocation"]["region"]
+    del region["startColumn"], region["endColumn"]
+    return location
 
 
 def _utf16_column(text: str, column: int) -> int:

@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from kllint.findings import FileError, Finding, LintResult
-from kllint.reporters.common import FILE_ERROR_CODE, entries, source_line
+from kllint.reporters.common import FILE_ERROR_CODE, entries, location, source_line
 
 
 def render_full(result: LintResult, *, color: bool = False) -> str:
@@ -18,7 +18,7 @@ def render_full(result: LintResult, *, color: bool = False) -> str:
             blocks.append(_file_error(entry, color) + "\n")
             continue
         lines = [_headline(entry, color)]
-        text = source_line(result, entry.path, entry.line)
+        text = source_line(result, entry.path, entry.line, entry.cell)
         if text is not None:
             lines += _snippet(entry, text, color)
         lines += [f"  = {_style('note', color, bold=True)}: {note}" for note in entry.notes]
@@ -49,14 +49,25 @@ def summary(result: LintResult) -> str:
     return " ".join(parts) or "All checks passed!"
 
 
+def statistics(result: LintResult) -> str:
+    """``--statistics``: how many findings of each rule, most frequent first (as Ruff)."""
+    counts = Counter((f.code, f.name) for f in result.findings)
+    if result.errors:
+        counts[(FILE_ERROR_CODE, "file-error")] = len(result.errors)
+    ranked = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+    width = max((len(str(n)) for n in counts.values()), default=1)
+    lines = [f"{n:>{width}}  {code}  {name}" for (code, name), n in ranked]
+    return "".join(f"{line}\n" for line in lines)
+
+
 def _headline(f: Finding, color: bool) -> str:
-    where = _style(f"{f.path}:{f.line}:{f.column}:", color, bold=True)
+    where = _style(f"{location(f)}:", color, bold=True)
     code = _style(f.code, color, fg="red" if f.severity == "error" else "yellow", bold=True)
     return f"{where} {code} [{f.name}] {f.message}"
 
 
 def _file_error(e: FileError, color: bool) -> str:
-    where = _style(f"{e.path}:{e.line}:{e.column}:", color, bold=True)
+    where = _style(f"{location(e)}:", color, bold=True)
     return f"{where} {_style(FILE_ERROR_CODE, color, fg='red', bold=True)} {e.message}"
 
 

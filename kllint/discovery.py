@@ -1,0 +1,109 @@
+"""Which files a run lints.
+
+A named file is linted whatever its suffix, unless ``--force-exclude`` asks
+for ``exclude`` and ``.gitignore`` to apply to it too (pre-commit names every
+staged file, so its hook passes that flag). A directory contributes its
+``.py`` and ``.ipynb`` files minus hidden, build and virtualenv directories,
+``exclude``, and what ``.gitignore`` ignores. Each path is judged by the
+settings of its own nearest config file.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import pathspec
+
+from kllint.config import Settings
+from kllint.notebook import SUFFIX as NOTEBOOK_SUFFIX
+
+# Never descended into (besides hidden directories); a path named on the
+# command line is linted even when it is one of these.
+SKIPPED_DIRS = frozenset({"__pycache__", "venv", "build", "dist", "node_modules", "site-packages"})
+SUFFIXES = (".py", NOTEBOOK_SUFFIX)
+
+
+def discover(paths: Sequence[Path], settings: Settings) -> Iterator[Path]:
+    """The files to lint, in a stable order."""
+    gitignore = GitIgnore()
+
+    def skipped(path: Path, is_dir: bool) -> bool:
+        here = settings.for_path(path.parent if not is_dir else path)
+        return here.is_excluded(path) or (
+            here.respect_gitignore and gitignore.ignores(path, is_dir)
+        )
+
+    for path in paths:
+        if not path.is_dir():
+            if not (settings.force_exclude and skipped(path, is_dir=False)):
+                yield path
+            continue
+        if settings.force_exclude and path != Path(".") and skipped(path, is_dir=True):
+            continue
+        for directory, subdirs, files in os.walk(path):
+            here = Path(directory)
+            subdirs[:] = sorted(
+                d
+                for d in subdirs
+                if not d.startswith(".")
+                and d not in SKIPPED_DIRS
+                and not (here / d / "pyvenv.cfg").exists()
+                and not skipped(here / d, is_dir=True)
+            )
+            for name in sorted(files):
+                if name.endswith(SUFFIXES) and not skipped(here / name, is_dir=False):
+                    yield here / name
+
+
+class GitIgnore:
+    """``.gitignore`` as git reads it inside a work tree: the files of every
+    directory from the repository root down, and ``.git/info/exclude``.
+    Outside a git work tree nothing is ignored, as with git and ripgrep.
+    (Simplified: a deeper file's ``!pattern`` cannot re-include what a
+    shallower file ignores.)"""
+
+    def __init__(self) -> None:
+        self._specs: dict[Path, pathspec.PathSpec | None] = {}
+        self._roots: dict[Path, Path | None] = {}
+
+    def ignores(self, path: Path, is_dir: bool) -> bool:
+        path = Path(os.path.abspath(path))
+        root = self._root(path.parent)
+        if root is None:
+            return False
+        directory = path.parent
+        while True:
+            spec = self._spec(directory, root)
+            if spec is not None:
+                relative = path.relative_to(directory).as_posix() + ("/" if is_dir else "")
+                if spec.match_file(relative):
+                    return True
+            if directory == root:
+                return False
+            directory = directory.parent
+
+    def _root(self, directory: Path) -> Path | None:
+        if directory not in self._roots:
+            if (directory / ".git").exists():
+                self._roots[directory] = directory
+            elif directory.parent == directory:
+                self._roots[directory] = None
+            else:
+                self._roots[directory] = self._root(directory.parent)
+        return self._roots[directory]
+
+    def _spec(self, directory: Path, root: Path) -> pathspec.PathSpec | None:
+        if directory not in self._specs:
+            lines: list[str] = []
+            sources = [directory / ".gitignore"]
+            if directory == root:
+                sources.append(root / ".git" / "info" / "exclude")
+            for source in sources:
+                try:
+                    lines += source.read_text(encoding="utf-8", errors="replace").splitlines()
+                except OSError:
+                    continue  # absent or unreadable: ignores nothing
+            self._specs[directory] = pathspec.GitIgnoreSpec.from_lines(lines) if lines else None
+        return self._specs[directory]
