@@ -34,8 +34,8 @@ def headline(site: KLSite) -> str:
 
 def reason(site: KLSite) -> str:
     return (
-        "it was computed under no_grad, detached, or from stored log-probs, so its gradient is 0 "
-        "and the KL does not regularise"
+        "it was computed under no_grad, detached, or from stored log-probs: its gradient is 0, "
+        "so adding it changes the logged loss and nothing else"
     )
 
 
