@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
+import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
 import click
 
 from kllint import __version__
+from kllint.cache import Cache
 from kllint.config import ConfigError, load_settings
 from kllint.engine import LintResult, MissingPathError, lint_paths
 from kllint.findings import Finding
@@ -88,6 +91,12 @@ def main() -> None:
     default=None,
     help="Worker processes for large trees (default: one per CPU; 1 to stay in one process).",
 )
+@click.option(
+    "--no-cache",
+    is_flag=True,
+    help="Analyse every file again; neither read nor write .kllint_cache/ "
+    "(or $KLLINT_CACHE_DIR).",
+)
 @click.version_option(__version__, "--version", prog_name="kllint")
 def check(
     paths: tuple[Path, ...],
@@ -98,6 +107,7 @@ def check(
     config_path: Path | None,
     confirm: bool,
     jobs: int | None,
+    no_cache: bool,
 ) -> None:
     """Lint PATHS (default: the current directory) for KL regularisers whose
     gradient is not the one intended.
@@ -115,14 +125,23 @@ def check(
             targets, config=config_path, select=_split(select) or None, ignore=_split(ignore)
         )
         # --confirm needs each finding's KL site, which stays in this process.
-        result = lint_paths(targets, settings, jobs=1 if confirm else jobs)
+        cache = None if no_cache or confirm else Cache.for_settings(settings)
+        with _interruptible():
+            result = lint_paths(targets, settings, jobs=jobs, cache=cache, keep_sites=confirm)
     except (ConfigError, MissingPathError) as err:
         _fail(f"error: {err}")
     if confirm and result.findings:
         _confirm(result)
 
     color = sys.stdout.isatty() and "NO_COLOR" not in os.environ
-    click.echo(render(result, output_format, color=color), nl=False, color=color)
+    try:
+        # color=True when plain too: click would strip "ANSI" out of file names.
+        click.echo(render(result, output_format, color=color), nl=False, color=True)
+        sys.stdout.flush()
+    except OSError as err:  # `> /dev/full`, a closed pipe
+        with contextlib.suppress(OSError):
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - nothing more is written
+        _fail(f"error: cannot write the report: {err.strerror or err}")
     if result.files_checked == 0 and not result.errors:
         click.echo("kllint: warning: no Python files found", err=True)
     if result.internal_errors:
@@ -196,6 +215,31 @@ def _confirm(result: LintResult) -> None:
         _fail(f"error: --confirm failed: {type(err).__name__}: {err} (a bug in kllint)")
     if confirmed is not None:  # it may also fill the findings in place
         result.findings = sorted(confirmed, key=Finding.sort_key)
+
+
+@contextlib.contextmanager
+def _interruptible() -> Iterator[None]:
+    """Ctrl-C and SIGTERM stop the run at once: workers are killed on the way
+    out (and die with this process anyway), exit 130 / 143, no traceback."""
+
+    def terminate(signum: int, frame: object) -> None:
+        raise _Terminated(signum)
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    except KeyboardInterrupt:
+        click.echo("kllint: interrupted", err=True)
+        raise click.exceptions.Exit(130) from None
+    except _Terminated as stop:
+        raise click.exceptions.Exit(128 + stop.signum) from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+class _Terminated(BaseException):
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
 
 
 def _split(values: Sequence[str]) -> list[str]:

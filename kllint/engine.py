@@ -1,20 +1,32 @@
-"""One lint run: find the files, check each, keep what the settings allow."""
+"""One lint run: find the files, check each, keep what the settings allow.
+
+Every file is analysed on its own: in worker processes (see ``workers``)
+that a crash, a hang or a memory blow-up on one file cannot take down, with
+results reused from the cache (see ``cache``) when nothing the analysis
+read has changed. A file kllint cannot handle is reported (``E998``) and the
+others are still linted."""
 
 from __future__ import annotations
 
 import ast
+import io
 import os
 import re
+import stat
+import sys
+import tokenize
 import traceback
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import libcst
 
+from kllint import workers
 from kllint.analysis.check import check_source
 from kllint.analysis.project import Project
+from kllint.cache import Cache, Entry, content_hash
 from kllint.config import Settings
 from kllint.findings import FileError, Finding
 from kllint.suppression import is_suppressed, parse_suppressions
@@ -22,6 +34,14 @@ from kllint.suppression import is_suppressed, parse_suppressions
 # Never descended into (besides hidden directories); a path named on the
 # command line is linted even when it is one of these.
 SKIPPED_DIRS = frozenset({"__pycache__", "venv", "build", "dist", "node_modules", "site-packages"})
+
+COULD_NOT_ANALYSE = "E998"
+# Larger files are reported, not parsed: LibCST needs ~200 bytes of memory
+# per byte of source. Generated modules of real projects stay under 2 MB.
+MAX_FILE_BYTES = 4 << 20
+# Deeper bracket nesting is reported, not parsed, where a crash of the native
+# parser cannot be isolated (in this process). CPython itself stops at 200.
+MAX_NESTING = 200
 
 
 class MissingPathError(Exception):
@@ -39,77 +59,206 @@ class LintResult:
     sources: dict[str, str] = field(default_factory=dict, repr=False)
 
 
-# Below this many files a worker pool costs more (process start, a second
-# project index) than it saves.
+# Below this many files to analyse per worker, another worker costs more
+# (process start, its own index of the project) than it saves.
 PARALLEL_MIN_FILES = 24
 
 
+@dataclass
+class _Outcome:
+    """What the analysis of one file gives, in a worker or here."""
+
+    findings: list[Finding]
+    error: FileError | None = None
+    internal: bool = False  # a bug in kllint, not bad input
+    dependencies: list[str] = field(default_factory=list)  # files the analysis read
+    cacheable: bool = True
+
+
+@dataclass
+class _Source:
+    path: Path
+    shown: str
+    text: str
+    digest: str
+
+
 def lint_paths(
-    paths: Sequence[str | Path], settings: Settings | None = None, *, jobs: int | None = None
+    paths: Sequence[str | Path],
+    settings: Settings | None = None,
+    *,
+    jobs: int | None = None,
+    cache: Cache | None = None,
+    keep_sites: bool = False,
 ) -> LintResult:
     """Lint files and directories. Raises ``MissingPathError`` before linting
     anything when a path does not exist.
 
-    ``jobs``: worker processes (default: one per CPU). Findings from workers
-    carry no KL site (IR trees do not cross processes), so callers that need
-    sites (``--confirm``) pass ``jobs=1``."""
+    ``jobs``: worker processes (default: one per usable CPU). ``cache``:
+    reuse and store results. ``keep_sites``: analyse in this process, so
+    that findings keep their KL site (``--confirm`` needs it; IR trees do
+    not cross processes), at the price of no isolation from crashes."""
     settings = settings or Settings()
     targets = [Path(p) for p in paths] or [Path(".")]
-    missing = [str(p) for p in targets if not p.exists()]
+    missing = [_why_missing(p) for p in targets if not p.exists()]
     if missing:
-        raise MissingPathError(f"no such file or directory: {', '.join(missing)}")
+        raise MissingPathError("; ".join(missing))
 
-    roots = dict.fromkeys([settings.root, *(p if p.is_dir() else p.parent for p in targets)])
-    project = Project(list(roots))
+    # Imports resolve against the project root, not against whichever paths
+    # were named: the same file gives the same findings however it is reached.
+    roots = [settings.root]
     result = LintResult(findings=[], errors=[], files_checked=0)
     files: dict[str, Path] = {}
-    for path in discover(targets, settings):
+    for path in discover(targets, settings, result.errors):
         files.setdefault(os.path.abspath(path), path)  # `kllint . a.py` lints a.py once
-    workers = min(jobs or os.cpu_count() or 1, len(files) // (PARALLEL_MIN_FILES // 2) or 1)
-    if workers > 1 and len(files) >= PARALLEL_MIN_FILES:
-        _lint_in_parallel(list(files.values()), settings, list(roots), workers, result)
-    else:
-        for path in files.values():
-            _lint_file(path, settings, project, result)
+
+    pending: list[_Source] = []
+    for path in files.values():
+        source = _read(path, result)
+        if source is None:
+            continue
+        result.files_checked += 1
+        hit = cache.get(path, source.shown, source.digest) if cache and not keep_sites else None
+        if hit is not None:
+            _add(result, source, _Outcome(hit.findings, hit.error))
+        else:
+            pending.append(source)
+
+    def record(source: _Source, outcome: _Outcome) -> None:
+        _add(result, source, outcome)
+        if cache is not None and outcome.cacheable and not outcome.internal:
+            entry = Entry(outcome.findings, outcome.error, checked=True)
+            cache.put(source.path, source.shown, source.digest, outcome.dependencies, entry)
+
+    if keep_sites:
+        project = Project(roots)
+        for source in pending:
+            record(source, _analyse_here(source, settings, project))
+    elif pending:
+        _analyse_in_workers(pending, settings, roots, jobs, record)
     result.findings.sort(key=Finding.sort_key)
     result.errors.sort(key=lambda e: (e.path, e.line, e.column))
     return result
 
 
-def _lint_in_parallel(
-    files: list[Path], settings: Settings, roots: list[Path], workers: int, result: LintResult
+def _add(result: LintResult, source: _Source, outcome: _Outcome) -> None:
+    if outcome.error is not None:
+        result.errors.append(outcome.error)
+        result.internal_errors += outcome.internal
+    if outcome.findings:
+        result.findings.extend(outcome.findings)
+        result.sources[source.shown] = source.text
+
+
+def worker_count(files: int, jobs: int | None) -> int:
+    """Never more workers than usable CPUs, nor than the files keep busy."""
+    return max(
+        1, min(jobs or workers.usable_cpus(), workers.usable_cpus(), files // PARALLEL_MIN_FILES)
+    )
+
+
+def _analyse_in_workers(
+    pending: list[_Source],
+    settings: Settings,
+    roots: list[Path],
+    jobs: int | None,
+    record: Any,
 ) -> None:
-    # Contiguous chunks keep a package's files (and the helpers they share,
-    # parsed once per worker) together.
-    size = -(-len(files) // workers)
-    chunks = [files[i : i + size] for i in range(0, len(files), size)]
-    with ProcessPoolExecutor(max_workers=workers) as pool:
-        for part in pool.map(_lint_chunk, chunks, [settings] * len(chunks), [roots] * len(chunks)):
-            result.findings.extend(part.findings)
-            result.errors.extend(part.errors)
-            result.files_checked += part.files_checked
-            result.internal_errors += part.internal_errors
-            result.sources.update(part.sources)
+    def start() -> Any:
+        # In the worker: a deep (valid) expression needs a deep recursion; a
+        # crash of the interpreter's stack is isolated here.
+        sys.setrecursionlimit(max(sys.getrecursionlimit(), 20_000))
+        project = Project(roots)
+
+        def analyse(index: int) -> _Outcome:
+            outcome = _analyse(pending[index], settings, project)
+            for finding in outcome.findings:
+                finding.site = None  # IR trees stay in the worker
+            return outcome
+
+        return analyse
+
+    def failed(failure: workers.Failure) -> None:
+        source = pending[failure.index]
+        message = f"could not analyse: {failure.reason}"
+        error = FileError(source.shown, 1, 1, message, code=COULD_NOT_ANALYSE)
+        record(source, _Outcome([], error, cacheable=False))
+
+    tasks = [workers.Task(i, i) for i in range(len(pending))]
+    workers.run(
+        tasks,
+        worker_count(len(pending), jobs),
+        start,
+        lambda index, outcome: record(pending[index], outcome),
+        failed,
+    )
 
 
-def _lint_chunk(files: list[Path], settings: Settings, roots: list[Path]) -> LintResult:
-    project = Project(roots)
-    part = LintResult(findings=[], errors=[], files_checked=0)
-    for path in files:
-        _lint_file(path, settings, project, part)
-    for finding in part.findings:
-        finding.site = None
-    return part
+def _analyse_here(source: _Source, settings: Settings, project: Project) -> _Outcome:
+    depth = _nesting(source.text)
+    if depth > MAX_NESTING:
+        message = f"could not analyse: brackets nested {depth} deep (more than {MAX_NESTING})"
+        return _Outcome([], FileError(source.shown, 1, 1, message, code=COULD_NOT_ANALYSE))
+    return _analyse(source, settings, project)
 
 
-def discover(paths: Sequence[Path], settings: Settings) -> Iterator[Path]:
+def _analyse(source: _Source, settings: Settings, project: Project) -> _Outcome:
+    shown, text = source.shown, source.text
+    project.read_paths.clear()
+    try:
+        findings = check_source(text, shown, project, settings.roles)
+    except libcst.ParserSyntaxError:
+        # LibCST's verdict is the one that counts: it knows the syntax of
+        # every Python version, where the prefilter's check of skipped files
+        # uses this Python's parser, which may be older than the code.
+        try:
+            libcst.parse_module(text)
+        except libcst.ParserSyntaxError as confirmed:
+            return _Outcome([], _syntax_error(shown, text, confirmed))
+        return _Outcome([])  # valid, and the prefilter found nothing to check
+    except MemoryError:
+        raise  # a worker reports it and is replaced
+    except (RecursionError, OverflowError) as err:
+        # Valid code beyond what the analysis handles (a 10,000-term sum,
+        # a literal over 1e308): this file is not analysed, the others are.
+        if isinstance(err, RecursionError):
+            message = "could not analyse: an expression is nested too deeply"
+        else:
+            message = f"could not analyse: a number too large ({err})"
+        return _Outcome(
+            [], FileError(shown, 1, 1, message, code=COULD_NOT_ANALYSE), cacheable=False
+        )
+    except Exception as err:
+        # One file crashing the analysis must not hide the others' findings.
+        error = FileError(shown, 1, 1, _internal_error_message(err), code=COULD_NOT_ANALYSE)
+        return _Outcome([], error, internal=True, cacheable=False)
+    dependencies = sorted(project.read_paths)
+
+    ignored = settings.ignored_codes(source.path)
+    findings = [f for f in findings if f.code in settings.select and f.code not in ignored]
+    if findings:
+        suppressions = parse_suppressions(text)
+        findings = [f for f in findings if not is_suppressed(f, suppressions)]
+    return _Outcome(findings, dependencies=dependencies)
+
+
+def discover(
+    paths: Sequence[Path], settings: Settings, errors: list[FileError] | None = None
+) -> Iterator[Path]:
     """The files to lint, in a stable order: a named file always, a directory's
-    ``.py`` files minus hidden, build and virtualenv directories and ``exclude``."""
+    ``.py`` files minus hidden, build and virtualenv directories and ``exclude``.
+    A directory that cannot be listed is added to ``errors`` (when given)."""
+
+    def unreadable(err: OSError) -> None:
+        if errors is not None:
+            where = display_path(Path(err.filename)) if err.filename else "?"
+            errors.append(FileError(where, 1, 1, f"cannot read directory: {err.strerror or err}"))
+
     for path in paths:
         if not path.is_dir():
             yield path
             continue
-        for directory, subdirs, files in os.walk(path):
+        for directory, subdirs, files in os.walk(path, onerror=unreadable):
             here = Path(directory)
             subdirs[:] = sorted(
                 d
@@ -120,58 +269,109 @@ def discover(paths: Sequence[Path], settings: Settings) -> Iterator[Path]:
                 and not settings.is_excluded(here / d)
             )
             for name in sorted(files):
-                if name.endswith(".py") and not settings.is_excluded(here / name):
-                    yield here / name
+                # Regular files only: a FIFO named ``x.py`` would block the read forever.
+                if name.endswith(".py") and _is_regular(here / name):
+                    if not settings.is_excluded(here / name):
+                        yield here / name
+
+
+def _is_regular(path: Path) -> bool:
+    try:
+        return stat.S_ISREG(path.stat().st_mode)
+    except OSError:
+        return False
+
+
+def _why_missing(path: Path) -> str:
+    try:
+        path.lstat()
+    except OSError:
+        return f"no such file or directory: {path}"
+    try:
+        os.stat(path)
+    except OSError as err:
+        if err.errno == 40:  # ELOOP
+            return f"symbolic link loop: {path}"
+        return f"broken symbolic link: {path}"
+    return f"cannot access: {path}"
 
 
 def display_path(path: Path) -> str:
-    """Relative to the working directory when under it, else as given."""
+    """Relative to the working directory when under it, else as given.
+    Control characters are escaped: a file name must not drive the terminal."""
     try:
-        return Path(os.path.abspath(path)).relative_to(Path.cwd()).as_posix()
+        shown = Path(os.path.abspath(path)).relative_to(Path.cwd()).as_posix()
     except ValueError:
-        return path.as_posix()
+        shown = path.as_posix()
+    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], shown)
 
 
-def _lint_file(path: Path, settings: Settings, project: Project, result: LintResult) -> None:
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def _read(path: Path, result: LintResult) -> _Source | None:
+    """The decoded text of ``path``, or None with the reason in ``result.errors``."""
     shown = display_path(path)
     try:
-        data = path.read_bytes()
-        source = data.decode("utf-8-sig")
+        status = os.stat(path)
+        if not stat.S_ISREG(status.st_mode):
+            result.errors.append(FileError(shown, 1, 1, "cannot read file: not a regular file"))
+            return None
+        if status.st_size > MAX_FILE_BYTES:
+            message = (
+                f"could not analyse: file too large ({status.st_size / 2**20:.1f} MB; "
+                f"the limit is {MAX_FILE_BYTES >> 20} MB)"
+            )
+            result.errors.append(FileError(shown, 1, 1, message, code=COULD_NOT_ANALYSE))
+            return None
+        with open(path, "rb") as f:
+            data = f.read(MAX_FILE_BYTES + 1)
     except OSError as err:
         result.errors.append(FileError(shown, 1, 1, f"cannot read file: {err.strerror or err}"))
-        return
+        return None
+    try:
+        text = _decode(data)
+    except SyntaxError as err:  # an unknown or contradictory coding declaration
+        result.errors.append(FileError(shown, err.lineno or 1, 1, f"SyntaxError: {err.msg}"))
+        return None
     except UnicodeDecodeError as err:
         line = data.count(b"\n", 0, err.start) + 1
-        message = f"UnicodeDecodeError: not valid UTF-8 ({err.reason} at byte {err.start})"
+        encoding = (
+            "UTF-8" if err.encoding.replace("-sig", "") in ("utf-8", "utf8") else err.encoding
+        )
+        message = f"UnicodeDecodeError: not valid {encoding} ({err.reason} at byte {err.start})"
         result.errors.append(FileError(shown, line, 1, message))
-        return
-    result.files_checked += 1
+        return None
+    return _Source(path, shown, text, content_hash(data))
 
+
+def _decode(data: bytes) -> str:
+    """As Python reads a source file: UTF-8 unless a BOM or a PEP 263
+    ``# -*- coding: ... -*-`` line says otherwise."""
     try:
-        findings = check_source(source, shown, project, settings.roles)
-    except libcst.ParserSyntaxError as err:
-        result.errors.append(_syntax_error(shown, source, err))
-        return
-    except Exception as err:
-        # One file crashing the analysis must not hide the others' findings.
-        result.errors.append(FileError(shown, 1, 1, _internal_error_message(err)))
-        result.internal_errors += 1
-        return
+        encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+    except SyntaxError as err:
+        if "missing encoding declaration" not in str(err):
+            raise
+        encoding = "utf-8-sig"  # no declaration, and a first line that is not UTF-8
+    return data.decode(encoding)
 
-    ignored = settings.ignored_codes(path)
-    findings = [f for f in findings if f.code in settings.select and f.code not in ignored]
-    if findings:
-        suppressions = parse_suppressions(source)
-        findings = [f for f in findings if not is_suppressed(f, suppressions)]
-    if findings:
-        result.findings.extend(findings)
-        result.sources[shown] = source
+
+def _nesting(text: str) -> int:
+    """The deepest bracket nesting, roughly (brackets in strings count too)."""
+    brackets = re.sub(r"[^()\[\]{}]+", "", text)
+    if len(brackets) < 2 * MAX_NESTING:
+        return 0
+    depth = deepest = 0
+    for char in brackets:
+        depth = depth + 1 if char in "([{" else max(0, depth - 1)
+        deepest = max(deepest, depth)
+    return deepest
 
 
 def _syntax_error(shown: str, source: str, err: libcst.ParserSyntaxError) -> FileError:
     # CPython's parser places the error better ("'(' was never closed" at the
-    # bracket, where LibCST points at the end of the file). LibCST's own error
-    # is the fallback, for syntax this Python accepts and LibCST does not.
+    # bracket, where LibCST points at the end of the file).
     try:
         compile(source, shown, "exec", ast.PyCF_ONLY_AST)
     except SyntaxError as py_err:
@@ -179,6 +379,16 @@ def _syntax_error(shown: str, source: str, err: libcst.ParserSyntaxError) -> Fil
             return FileError(shown, py_err.lineno, py_err.offset or 1, f"SyntaxError: {py_err.msg}")
     except (ValueError, RecursionError, MemoryError):
         pass
+    else:
+        # Valid for this Python, rejected by LibCST: a limit of kllint's parser.
+        message = re.sub(r"^(?:parser|tokenizer) error: (?:error at \d+:\d+: )?", "", err.message)
+        return FileError(
+            shown,
+            err.raw_line,
+            err.raw_column + 1,
+            f"could not analyse: LibCST cannot parse this file ({message.splitlines()[0]})",
+            code=COULD_NOT_ANALYSE,
+        )
     message = re.sub(r"^(?:parser|tokenizer) error: (?:error at \d+:\d+: )?", "", err.message)
     return FileError(shown, err.raw_line, err.raw_column + 1, f"SyntaxError: {message}")
 

@@ -38,6 +38,8 @@ def parse_suppressions(source: str) -> dict[int, frozenset[str] | None]:
             line = token.start[0]
             for match in (*_NOQA.finditer(token.string), *_KLLINT_IGNORE.finditer(token.string)):
                 codes = match.group("codes")
+                if codes is None and token.string[match.end() :].startswith("["):
+                    continue  # ``# kllint: ignore[KL002`` unterminated: silences nothing
                 names = frozenset(re.findall(r"[\w-]+", codes.upper())) if codes else None
                 previous = table.get(line, frozenset())
                 table[line] = None if names is None or previous is None else previous | names

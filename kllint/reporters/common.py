@@ -22,7 +22,7 @@ def entries(result: LintResult) -> list[Finding | FileError]:
     def key(entry: Finding | FileError) -> tuple[str, int, int, str]:
         if isinstance(entry, Finding):
             return entry.sort_key()
-        return (entry.path, entry.line, entry.column, FILE_ERROR_CODE)
+        return (entry.path, entry.line, entry.column, entry.code)
 
     return sorted([*result.findings, *result.errors], key=key)
 

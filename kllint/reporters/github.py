@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from kllint.engine import LintResult
 from kllint.findings import FileError
-from kllint.reporters.common import FILE_ERROR_CODE, entries, repo_relative, repo_root
+from kllint.reporters.common import entries, repo_relative, repo_root
 
 
 def render(result: LintResult) -> str:
@@ -13,7 +13,7 @@ def render(result: LintResult) -> str:
     lines = []
     for e in entries(result):
         if isinstance(e, FileError):
-            level, code, message = "error", FILE_ERROR_CODE, e.message
+            level, code, message = "error", e.code, e.message
             end_line, end_column = e.line, e.column
         else:
             level = "warning" if e.severity == "warning" else "error"

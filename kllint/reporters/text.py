@@ -9,7 +9,7 @@ import click
 
 from kllint.engine import LintResult
 from kllint.findings import FileError, Finding
-from kllint.reporters.common import FILE_ERROR_CODE, entries, source_line
+from kllint.reporters.common import entries, source_line
 
 
 def render_full(result: LintResult, *, color: bool = False) -> str:
@@ -57,7 +57,7 @@ def _headline(f: Finding, color: bool) -> str:
 
 def _file_error(e: FileError, color: bool) -> str:
     where = _style(f"{e.path}:{e.line}:{e.column}:", color, bold=True)
-    return f"{where} {_style(FILE_ERROR_CODE, color, fg='red', bold=True)} {e.message}"
+    return f"{where} {_style(e.code, color, fg='red', bold=True)} {e.message}"
 
 
 def _snippet(f: Finding, text: str, color: bool) -> list[str]:
