@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import faulthandler
 import multiprocessing
 import os
 import signal
@@ -179,6 +180,7 @@ class _Worker:
 
 
 def _serve(connection: Connection, start: Callable[[], Callable[[Any], Any]], parent: int) -> None:
+    faulthandler.disable()  # a crash is reported by the parent, not dumped by each worker
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     die_with_parent(parent)
