@@ -19,17 +19,18 @@ import traceback
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import libcst
+from typing import TYPE_CHECKING, Any
 
 from kllint import workers
-from kllint.analysis.check import check_source
-from kllint.analysis.project import Project
 from kllint.cache import Cache, Entry, content_hash
 from kllint.config import Settings
 from kllint.findings import FileError, Finding
 from kllint.suppression import is_suppressed, parse_suppressions
+
+if TYPE_CHECKING:
+    import libcst
+
+    from kllint.analysis.project import Project
 
 # Never descended into (besides hidden directories); a path named on the
 # command line is linted even when it is one of these.
@@ -42,6 +43,14 @@ MAX_FILE_BYTES = 4 << 20
 # Deeper bracket nesting is reported, not parsed, where a crash of the native
 # parser cannot be isolated (in this process). CPython itself stops at 200.
 MAX_NESTING = 200
+
+
+def check_source(source: str, path: str, project: Project, roles: Any) -> list[Finding]:
+    """The analysis of one file. Imported on first use: LibCST and the
+    analysis take longer to import than a fully cached run takes."""
+    from kllint.analysis.check import check_source as check
+
+    return check(source, path, project, roles)
 
 
 class MissingPathError(Exception):
@@ -130,7 +139,12 @@ def lint_paths(
             entry = Entry(outcome.findings, outcome.error, checked=True)
             cache.put(source.path, source.shown, source.digest, outcome.dependencies, entry)
 
+    if pending:
+        # Imported here, once, before any worker is forked from this process.
+        from kllint.analysis import check  # noqa: F401
     if keep_sites:
+        from kllint.analysis.project import Project
+
         project = Project(roots)
         for source in pending:
             record(source, _analyse_here(source, settings, project))
@@ -168,6 +182,8 @@ def _analyse_in_workers(
         # In the worker: a deep (valid) expression needs a deep recursion; a
         # crash of the interpreter's stack is isolated here.
         sys.setrecursionlimit(max(sys.getrecursionlimit(), 20_000))
+        from kllint.analysis.project import Project
+
         project = Project(roots)
 
         def analyse(index: int) -> _Outcome:
@@ -203,6 +219,8 @@ def _analyse_here(source: _Source, settings: Settings, project: Project) -> _Out
 
 
 def _analyse(source: _Source, settings: Settings, project: Project) -> _Outcome:
+    import libcst
+
     shown, text = source.shown, source.text
     project.read_paths.clear()
     try:
