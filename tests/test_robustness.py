@@ -388,3 +388,32 @@ def test_killing_the_parent_leaves_no_worker_behind(tmp_path: Path, sig: signal.
     process.send_signal(sig)
     process.communicate(timeout=20)
     assert _all_gone(pids)
+
+
+# ------------------------------------------------------------ smaller ones
+
+
+def test_an_unterminated_ignore_silences_nothing() -> None:
+    from kllint.suppression import parse_suppressions
+
+    assert parse_suppressions("x = 1  # kllint: ignore[KL002\n") == {}
+    assert parse_suppressions("x = 1  # kllint: ignore[KL002]\n") == {1: frozenset({"KL002"})}
+    assert parse_suppressions("x = 1  # kllint: ignore\n") == {1: None}
+
+
+def test_the_unnamed_estimate_is_not_an_estimate_estimate() -> None:
+    from types import SimpleNamespace
+
+    from kllint.rules.base import estimate
+
+    assert estimate(SimpleNamespace(estimator="KL estimate")) == "KL estimate"  # type: ignore[arg-type]
+    assert estimate(SimpleNamespace(estimator="k3")) == "k3 estimate"  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("separator", ["\u2028", "\x85", "\x0c", "\x1c"])
+def test_the_snippet_is_the_flagged_line_after_unusual_line_separators(
+    tmp_path: Path, separator: str
+) -> None:
+    (tmp_path / "train.py").write_text(f'NOTE = "a{separator}b"\n' + K1_LOSS)
+    result = CliRunner().invoke(main, ["--no-cache", "train.py"])
+    assert "3 |     kl = policy_logp - ref_logp\n" in result.output, result.output

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ from kllint.findings import FileError, Finding
 
 FILE_ERROR_CODE = "E999"
 FILE_ERROR_NAME = "file-error"
+_LINE_END = re.compile(r"\r\n|\r|\n")
 
 
 def entries(result: LintResult) -> list[Finding | FileError]:
@@ -31,7 +33,9 @@ def source_line(result: LintResult, path: str, line: int) -> str | None:
     source = result.sources.get(path)
     if source is None:
         return None
-    lines = source.splitlines()
+    # Only \n, \r\n and \r end a line of Python; str.splitlines() also
+    # splits at a form feed, \x85 or U+2028 and would show the wrong line.
+    lines = _LINE_END.split(source)
     return lines[line - 1] if 0 < line <= len(lines) else None
 
 

@@ -64,6 +64,12 @@ def names(values: list[str]) -> str:
     return ", ".join(f"`{v}`" for v in values) if values else "?"
 
 
+def estimate(site: KLSite) -> str:
+    """``k3 estimate``; the unnamed fallback is already ``KL estimate``."""
+    name = site.estimator
+    return name if name.endswith("estimate") else f"{name} estimate"
+
+
 def where(site: KLSite) -> str:
     """The shared middle of every message: estimator, roles, sink, branch."""
     estimate_from = site.estimate_names or site.policy_names

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from kllint.analysis.gradient import Credit, Direction
 from kllint.analysis.sites import KLSite
-from kllint.rules.base import Rule, where
+from kllint.rules.base import Rule, estimate, where
 
 
 def applies(site: KLSite) -> bool:
@@ -19,7 +19,7 @@ def applies(site: KLSite) -> bool:
 
 def message(site: KLSite) -> str:
     return (
-        f"{site.estimator} estimate of KL(pi||pi_ref) is differentiated as a loss, {where(site)}: "
+        f"{estimate(site)} of KL(pi||pi_ref) is differentiated as a loss, {where(site)}: "
         "autograd gives grad log pi, and E_pi[grad log pi] = 0, so the KL term has zero expected "
         "gradient and does not regularise"
     )

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from kllint.analysis.gradient import Direction
 from kllint.analysis.sites import KLSite
-from kllint.rules.base import Rule, where
+from kllint.rules.base import Rule, estimate, where
 
 
 def applies(site: KLSite) -> bool:
@@ -34,7 +34,7 @@ def message(site: KLSite) -> str:
         consequence += (
             "; summed over tokens it is also only the token-level part of the sequence gradient"
         )
-    return f"{site.estimator} estimate is differentiated as a loss, {where(site)}: {consequence}"
+    return f"{estimate(site)} is differentiated as a loss, {where(site)}: {consequence}"
 
 
 RULE = Rule(

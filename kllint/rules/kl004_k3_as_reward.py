@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from kllint.analysis.gradient import Direction
 from kllint.analysis.sites import KLSite
-from kllint.rules.base import Rule, where
+from kllint.rules.base import Rule, estimate, where
 
 
 def applies(site: KLSite) -> bool:
@@ -20,7 +20,7 @@ def applies(site: KLSite) -> bool:
 
 def message(site: KLSite) -> str:
     return (
-        f"{site.estimator} estimate is used as a reward (a detached weight on log pi), {where(site)}: "
+        f"{estimate(site)} is used as a reward (a detached weight on log pi), {where(site)}: "
         "its expected gradient is grad KL(pi||pi_ref) - grad KL(pi_ref||pi), nearly zero near the reference"
     )
 
