@@ -30,10 +30,14 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-# Per file: wall-clock seconds, and address space a worker may add to what it
-# had when it started (RLIMIT_AS). Generous for real code: the slowest file of
-# trl, verl and OpenRLHF takes about a second and a few hundred MB.
+# Per file: CPU seconds (where the OS tells them; wall-clock elsewhere), and
+# address space a worker may add to what it had when it started (RLIMIT_AS).
+# Generous for real code: the slowest file of trl, verl and OpenRLHF takes
+# a few seconds and a few hundred MB. CPU time, not wall-clock, so that a
+# busy machine does not turn slow files into timeouts; a file that waits
+# without computing is stopped after WALL_FACTOR times the budget.
 FILE_TIMEOUT_S = 30.0
+WALL_FACTOR = 4
 MEMORY_BUDGET_BYTES = 3 << 30
 OUT_OF_MEMORY = 70  # a worker's exit status after a MemoryError
 
@@ -112,6 +116,7 @@ def _drive(
         task = next_task(slot)
         if task is not None:
             worker.give(task)
+    retried: set[int] = set()
     while any(w.task is not None for w in pool):
         busy = [w for w in pool if w.task is not None]
         deadline = min(w.deadline for w in busy)
@@ -122,24 +127,42 @@ def _drive(
             if task is None:
                 continue
             failure = None
+            retry = False
             if worker.connection in ready or worker.process.sentinel in ready:
                 try:
                     on_result(task.index, worker.connection.recv())
                 except (EOFError, OSError):
                     worker.process.join(1)
                     failure = _death(worker.process.exitcode)
+                    # What a worker holds from earlier files (parsed helpers)
+                    # may be why it died: a fresh one tries the file once more.
+                    retry = task.index not in retried
+                    retried.add(task.index)
             elif time.monotonic() >= worker.deadline:
+                if not worker.out_of_time():
+                    continue
                 failure = f"analysis took longer than {FILE_TIMEOUT_S:g} s"
             else:
                 continue
             worker.task = None
-            if failure is not None:
-                on_failure(Failure(task.index, failure))
+            if failure is not None or not worker.process.is_alive():
+                if failure is not None and not retry:
+                    on_failure(Failure(task.index, failure))
                 worker.stop()
                 pool[slot] = worker = _Worker(context, start)
-            following = next_task(slot)
+            following = task if retry else next_task(slot)
             if following is not None:
                 worker.give(following)
+
+
+def _cpu_seconds(pid: int | None) -> float | None:
+    """User + system CPU time of a process, from /proc (Linux only)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _death(exitcode: int | None) -> str:
@@ -164,13 +187,29 @@ class _Worker:
         self.process.start()
         child.close()
         self.task: Task | None = None
-        self.deadline = 0.0
+        self.started = self.deadline = 0.0
+        self.cpu_at_start: float | None = None
 
     def give(self, task: Task) -> None:
         self.task = task
-        self.deadline = time.monotonic() + FILE_TIMEOUT_S
+        self.started = time.monotonic()
+        self.cpu_at_start = _cpu_seconds(self.process.pid)
+        self.deadline = self.started + FILE_TIMEOUT_S
         with contextlib.suppress(OSError):  # the worker is gone; its sentinel reports it
             self.connection.send(task.payload)
+
+    def out_of_time(self) -> bool:
+        """Past the budget in CPU time (or far past it in wall-clock time);
+        else the deadline moves to when the budget could be spent."""
+        now = time.monotonic()
+        cpu = _cpu_seconds(self.process.pid)
+        if cpu is None or self.cpu_at_start is None:
+            return True
+        used = cpu - self.cpu_at_start
+        if used >= FILE_TIMEOUT_S or now - self.started >= WALL_FACTOR * FILE_TIMEOUT_S:
+            return True
+        self.deadline = now + max(0.5, FILE_TIMEOUT_S - used)
+        return False
 
     def stop(self) -> None:
         if self.process.is_alive():

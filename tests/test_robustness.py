@@ -67,20 +67,24 @@ def test_in_process_runs_refuse_deep_nesting_instead_of_crashing(tmp_path: Path)
 
 
 def _slow_on_marked_files(source: str, path: str, project: object, roles: object) -> list:
-    if "SLOW" in source:
-        time.sleep(60)
+    if "SPIN" in source:  # computes forever: stopped after 1 s of CPU time
+        while True:
+            pass
+    if "WAIT" in source:  # waits forever: stopped after WALL_FACTOR x 1 s
+        time.sleep(600)
     return engine_check_source(source, path, project, roles)
 
 
 engine_check_source = engine.check_source
 
 
+@pytest.mark.parametrize("kind", ["SPIN", "WAIT"])
 def test_a_file_over_the_time_budget_is_reported_and_the_others_linted(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str
 ) -> None:
     monkeypatch.setattr(workers, "FILE_TIMEOUT_S", 1.0)
     monkeypatch.setattr(engine, "check_source", _slow_on_marked_files)
-    (tmp_path / "slow.py").write_text("# SLOW\n")
+    (tmp_path / "slow.py").write_text(f"# {kind}\n")
     (tmp_path / "train.py").write_text(K1_LOSS)
     start = time.monotonic()
     result = lint(tmp_path)
