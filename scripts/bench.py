@@ -21,6 +21,7 @@ workers it waited for). This is a benchmark to read, not a timed test.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import statistics
@@ -104,10 +105,8 @@ def parse_only(paths: list[str]) -> None:
 def _parse(path: str) -> None:
     import libcst
 
-    try:
+    with contextlib.suppress(Exception):
         libcst.parse_module(Path(path).read_text(encoding="utf-8", errors="replace"))
-    except Exception:
-        pass
 
 
 def main() -> int:
@@ -117,6 +116,9 @@ def main() -> int:
     parser.add_argument("--dir", type=Path, default=Path.home() / ".cache" / "kllint-bench")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--jobs", type=int, default=None)
+    parser.add_argument(
+        "--only", choices=["rl", "transformers"], help="measure one group (default: both)"
+    )
     parser.add_argument("--parse-only", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.parse_only:
@@ -131,6 +133,8 @@ def main() -> int:
     print(header)
     print("-" * len(header))
     for label, names in GROUPS.items():
+        if args.only and (args.only == "transformers") != (names == ["transformers"]):
+            continue
         paths = [str(folders[n]) for n in names]
         files = [f for p in paths for f in Path(p).rglob("*.py")]
         lines = sum(f.read_bytes().count(b"\n") for f in files)

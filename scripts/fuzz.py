@@ -78,8 +78,9 @@ def mutants(count: int, seed: int) -> list[str]:
 
 def programs(count: int, seed: int) -> list[str]:
     """Valid programs from hypothesmith's grammar strategy."""
-    from hypothesis import HealthCheck, given, seed as fixed_seed, settings
     import hypothesmith
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import seed as fixed_seed
 
     found: list[str] = []
 
