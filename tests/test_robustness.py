@@ -177,10 +177,13 @@ def test_newer_syntax_than_this_python_is_not_a_syntax_error(tmp_path: Path) -> 
 def test_code_this_python_accepts_but_libcst_cannot_parse_is_not_a_syntax_error(
     tmp_path: Path,
 ) -> None:
-    # A form feed inside indentation: valid Python, rejected by LibCST.
+    # Valid Python that LibCST rejects: a form feed inside indentation, and
+    # 5,000 implicitly concatenated strings.
     (tmp_path / "feed.py").write_text("# kl loss\nif True:\n    x = 1\n\x0c    y = 2\n")
+    (tmp_path / "strings.py").write_text("# kl loss\nx = (" + " ".join(['"a"'] * 5000) + ")\n")
     result = lint(tmp_path)
     assert all(e.code != "E999" for e in result.errors), result.errors
+    assert result.internal_errors == 0
 
 
 # ------------------------------------------------------------ discovery
