@@ -146,7 +146,7 @@ def check(
         click.echo("kllint: warning: no Python files found", err=True)
     if result.internal_errors:
         click.echo(
-            f"kllint: error: kllint crashed on {result.internal_errors} file(s) (reported as E999); "
+            f"kllint: error: kllint crashed on {result.internal_errors} file(s) (reported as E998); "
             "this is a bug in kllint",
             err=True,
         )
