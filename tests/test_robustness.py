@@ -160,9 +160,8 @@ def test_huge_numbers_are_not_a_crash(tmp_path: Path) -> None:
         "    penalty = (policy_logp - ref_logp) * 1e200 * 1e200\n"
         "    (kl + penalty).sum().backward()\n"
     )
-    result = lint(tmp_path)
-    assert result.internal_errors == 0
-    assert codes(result) in ([("train.py", "KL001")], [("train.py", "E998")])
+    # Scales beyond a float are coefficients: they do not change the gradient's direction.
+    assert codes(lint(tmp_path, keep_sites=True)) == [("train.py", "KL001")]
 
 
 # ------------------------------------------------------------ syntax verdicts

@@ -816,10 +816,15 @@ class Interpreter:
     def _eval(self, expr: cst.BaseExpression) -> Value:
         if isinstance(expr, cst.Name):
             return self.lookup(expr.value)
-        if isinstance(expr, cst.Integer):
-            return ir.Const(float(int(expr.value.replace("_", ""), 0)), origin=self.origin(expr))
-        if isinstance(expr, cst.Float):
-            return ir.Const(float(expr.value.replace("_", "")), origin=self.origin(expr))
+        if isinstance(expr, (cst.Integer, cst.Float)):
+            literal = expr.value.replace("_", "")
+            is_int = isinstance(expr, cst.Integer)
+            number = float(min(int(literal, 0), _HUGE)) if is_int else float(literal)
+            if number >= _HUGE:
+                # A scale the dual-number evaluation would overflow on (1e200 ** 2):
+                # a coefficient, whose size does not change the gradient's direction.
+                return ir.Atom(Role.COEFFICIENT, expr.value[:12])
+            return ir.Const(number, origin=self.origin(expr))
         if isinstance(expr, (cst.SimpleString, cst.ConcatenatedString)):
             text = expr.evaluated_value
             return Py(text if isinstance(text, str) else None)
@@ -2000,6 +2005,9 @@ def _code(node: cst.CSTNode) -> str:
     if isinstance(node, (cst.Integer, cst.Float, cst.SimpleString)):
         return node.value
     return _full_code(node)
+
+
+_HUGE = 1e100
 
 
 def _full_code(node: cst.CSTNode) -> str:
