@@ -34,10 +34,9 @@ from typing import Any
 # address space a worker may add to what it had when it started (RLIMIT_AS).
 # Generous for real code: the slowest file of trl, verl and OpenRLHF takes
 # a few seconds and a few hundred MB. CPU time, not wall-clock, so that a
-# busy machine does not turn slow files into timeouts; a file that waits
-# without computing is stopped after WALL_FACTOR times the budget.
+# busy machine does not turn slow files into timeouts; a worker that waits
+# without computing for as long as the budget is stopped too.
 FILE_TIMEOUT_S = 30.0
-WALL_FACTOR = 4
 MEMORY_BUDGET_BYTES = 3 << 30
 OUT_OF_MEMORY = 70  # a worker's exit status after a MemoryError
 
@@ -187,28 +186,31 @@ class _Worker:
         self.process.start()
         child.close()
         self.task: Task | None = None
-        self.started = self.deadline = 0.0
+        self.progressed = self.deadline = self.cpu_seen = 0.0
         self.cpu_at_start: float | None = None
 
     def give(self, task: Task) -> None:
         self.task = task
-        self.started = time.monotonic()
+        self.progressed = time.monotonic()
         self.cpu_at_start = _cpu_seconds(self.process.pid)
-        self.deadline = self.started + FILE_TIMEOUT_S
+        self.cpu_seen = self.cpu_at_start or 0.0
+        self.deadline = self.progressed + FILE_TIMEOUT_S
         with contextlib.suppress(OSError):  # the worker is gone; its sentinel reports it
             self.connection.send(task.payload)
 
     def out_of_time(self) -> bool:
-        """Past the budget in CPU time (or far past it in wall-clock time);
-        else the deadline moves to when the budget could be spent."""
+        """Past the budget in CPU time, or stalled (no CPU time used) for as
+        long; else the deadline moves to the next time to look."""
         now = time.monotonic()
         cpu = _cpu_seconds(self.process.pid)
         if cpu is None or self.cpu_at_start is None:
-            return True
+            return True  # no CPU accounting here: the budget is wall-clock
+        if cpu >= self.cpu_seen + 0.05:  # more than the parent-watch thread's ticks
+            self.cpu_seen, self.progressed = cpu, now
         used = cpu - self.cpu_at_start
-        if used >= FILE_TIMEOUT_S or now - self.started >= WALL_FACTOR * FILE_TIMEOUT_S:
+        if used >= FILE_TIMEOUT_S or now - self.progressed >= FILE_TIMEOUT_S:
             return True
-        self.deadline = now + max(0.5, FILE_TIMEOUT_S - used)
+        self.deadline = now + min(max(0.2, FILE_TIMEOUT_S - used), FILE_TIMEOUT_S / 4)
         return False
 
     def stop(self) -> None:

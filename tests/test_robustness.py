@@ -70,7 +70,7 @@ def _slow_on_marked_files(source: str, path: str, project: object, roles: object
     if "SPIN" in source:  # computes forever: stopped after 1 s of CPU time
         while True:
             pass
-    if "WAIT" in source:  # waits forever: stopped after WALL_FACTOR x 1 s
+    if "WAIT" in source:  # waits forever: stopped after 1 s without computing
         time.sleep(600)
     return engine_check_source(source, path, project, roles)
 
