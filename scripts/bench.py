@@ -14,8 +14,8 @@ transformers:
 
 Each run measures the three back to back (paired: shared machines are
 noisy), and the table shows medians over runs, the ratios to the parse, and
-the peak memory of each (``wait4``'s ``ru_maxrss`` of the process and the
-workers it waited for). This is a benchmark to read, not a timed test.
+the peak memory of each (``wait4``'s ``ru_maxrss``: the largest resident set
+among the process and the workers it waited for). This is a benchmark to read, not a timed test.
 """
 
 from __future__ import annotations
