@@ -423,3 +423,11 @@ def test_the_snippet_is_the_flagged_line_after_unusual_line_separators(
     (tmp_path / "train.py").write_text(f'NOTE = "a{separator}b"\n' + K1_LOSS)
     result = CliRunner().invoke(main, ["--no-cache", "train.py"])
     assert "3 |     kl = policy_logp - ref_logp\n" in result.output, result.output
+
+
+def test_python_parser_warnings_do_not_reach_stderr(tmp_path: Path) -> None:
+    (tmp_path / "odd.py").write_text("x = 1()\ny = 'a' is 'a'\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "kllint", "--no-cache", "odd.py"], capture_output=True, text=True
+    )
+    assert (done.returncode, done.stderr) == (0, "")
