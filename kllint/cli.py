@@ -94,8 +94,7 @@ def main() -> None:
 @click.option(
     "--no-cache",
     is_flag=True,
-    help="Analyse every file again; neither read nor write .kllint_cache/ "
-    "(or $KLLINT_CACHE_DIR).",
+    help="Analyse every file again; neither read nor write .kllint_cache/ (or $KLLINT_CACHE_DIR).",
 )
 @click.version_option(__version__, "--version", prog_name="kllint")
 def check(
