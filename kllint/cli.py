@@ -3,18 +3,21 @@ for short), ``kllint rule CODE``, ``kllint rules``, ``kllint estimators``."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
+import signal
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
 import click
 
 from kllint import __version__
+from kllint.cache import Cache
 from kllint.config import ConfigError, Settings, describe_settings, load_settings
 from kllint.discovery import discover
 from kllint.engine import MissingPathError, display_path, lint_paths, lint_source
@@ -164,6 +167,11 @@ def main() -> None:
     default=None,
     help="Worker processes for large trees (default: one per CPU; 1 to stay in one process).",
 )
+@click.option(
+    "--no-cache",
+    is_flag=True,
+    help="Analyse every file again; neither read nor write .kllint_cache/ (or $KLLINT_CACHE_DIR).",
+)
 def check(
     paths: tuple[Path, ...],
     select: tuple[str, ...],
@@ -183,6 +191,7 @@ def check(
     color: str,
     confirm: bool,
     jobs: int | None,
+    no_cache: bool,
 ) -> None:
     """Lint PATHS (default: the current directory; `-` reads standard input)
     for KL regularisers whose gradient is not the one intended.
@@ -222,14 +231,18 @@ def check(
             for path in _files(targets, settings):
                 click.echo(display_path(path))
             return
-        if from_stdin:
-            if force_exclude and settings.for_path(stdin_path).is_excluded(stdin_path):
-                return  # as Ruff: an excluded file named by an editor is not reported
-            result = lint_source(sys.stdin.buffer.read(), str(stdin_path), settings)
-        else:
-            with _Progress(enabled=sys.stderr.isatty()):
+        with _interruptible():
+            if from_stdin:
+                if force_exclude and settings.for_path(stdin_path).is_excluded(stdin_path):
+                    return  # as Ruff: an excluded file named by an editor is not reported
+                result = lint_source(sys.stdin.buffer.read(), str(stdin_path), settings)
+            else:
                 # --confirm needs each finding's KL site, which stays in this process.
-                result = lint_paths(targets, settings, jobs=1 if confirm or add_noqa else jobs)
+                cache = None if no_cache or confirm else Cache.for_settings(settings)
+                with _Progress(enabled=sys.stderr.isatty()):
+                    result = lint_paths(
+                        targets, settings, jobs=jobs, cache=cache, keep_sites=confirm
+                    )
     except (ConfigError, MissingPathError) as err:
         _fail(f"error: {err}")
     if add_noqa:
@@ -249,14 +262,21 @@ def check(
         except OSError as err:
             _fail(f"error: cannot write {output_file}: {err.strerror or err}")
     else:
-        click.echo(report, nl=False, color=use_color)
+        try:
+            # color=True when plain too: click would strip "ANSI" out of file names.
+            click.echo(report, nl=False, color=True)
+            sys.stdout.flush()
+        except OSError as err:  # `> /dev/full`, a closed pipe
+            with contextlib.suppress(OSError):
+                sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - nothing more is written
+            _fail(f"error: cannot write the report: {err.strerror or err}")
     for warning in result.warnings:
         click.echo(f"kllint: warning: {location(warning)}: {warning.message}", err=True)
     if result.files_checked == 0 and not result.errors:
         click.echo("kllint: warning: no Python files found", err=True)
     if result.internal_errors:
         click.echo(
-            f"kllint: error: kllint crashed on {result.internal_errors} file(s) (reported as E999); "
+            f"kllint: error: kllint crashed on {result.internal_errors} file(s) (reported as E998); "
             "this is a bug in kllint",
             err=True,
         )
@@ -359,7 +379,7 @@ def _add_noqa(result: LintResult) -> None:
     click.echo(f"Added {added} noqa directive{'' if added == 1 else 's'}.")
     if result.errors:
         for error in result.errors:
-            click.echo(f"{location(error)}: E999 {error.message}", err=True)
+            click.echo(f"{location(error)}: {error.code} {error.message}", err=True)
         raise click.exceptions.Exit(2 if result.internal_errors else 1)
     if skipped:
         raise click.exceptions.Exit(1)
@@ -400,6 +420,31 @@ class _Progress:
             sys.stderr.flush()
             self._shown = True
             self._done.wait(0.5)
+
+
+@contextlib.contextmanager
+def _interruptible() -> Iterator[None]:
+    """Ctrl-C and SIGTERM stop the run at once: workers are killed on the way
+    out (and die with this process anyway), exit 130 / 143, no traceback."""
+
+    def terminate(signum: int, frame: object) -> None:
+        raise _Terminated(signum)
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    except KeyboardInterrupt:
+        click.echo("kllint: interrupted", err=True)
+        raise click.exceptions.Exit(130) from None
+    except _Terminated as stop:
+        raise click.exceptions.Exit(128 + stop.signum) from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+class _Terminated(BaseException):
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
 
 
 def _split(values: Sequence[str]) -> list[str]:

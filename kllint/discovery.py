@@ -11,12 +11,14 @@ settings of its own nearest config file.
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pathspec
 
 from kllint.config import Settings
+from kllint.findings import FileError
 from kllint.notebook import SUFFIX as NOTEBOOK_SUFFIX
 
 # Never descended into (besides hidden directories); a path named on the
@@ -25,9 +27,17 @@ SKIPPED_DIRS = frozenset({"__pycache__", "venv", "build", "dist", "node_modules"
 SUFFIXES = (".py", NOTEBOOK_SUFFIX)
 
 
-def discover(paths: Sequence[Path], settings: Settings) -> Iterator[Path]:
-    """The files to lint, in a stable order."""
+def discover(
+    paths: Sequence[Path], settings: Settings, errors: list[FileError] | None = None
+) -> Iterator[Path]:
+    """The files to lint, in a stable order. A directory that cannot be
+    listed is added to ``errors`` (when given), and the walk goes on."""
     gitignore = GitIgnore()
+
+    def unreadable(err: OSError) -> None:
+        if errors is not None:
+            where = Path(err.filename).as_posix() if err.filename else "?"
+            errors.append(FileError(where, 1, 1, f"cannot read directory: {err.strerror or err}"))
 
     def skipped(path: Path, is_dir: bool) -> bool:
         here = settings.for_path(path.parent if not is_dir else path)
@@ -42,7 +52,7 @@ def discover(paths: Sequence[Path], settings: Settings) -> Iterator[Path]:
             continue
         if settings.force_exclude and path != Path(".") and skipped(path, is_dir=True):
             continue
-        for directory, subdirs, files in os.walk(path):
+        for directory, subdirs, files in os.walk(path, onerror=unreadable):
             here = Path(directory)
             subdirs[:] = sorted(
                 d
@@ -53,8 +63,20 @@ def discover(paths: Sequence[Path], settings: Settings) -> Iterator[Path]:
                 and not skipped(here / d, is_dir=True)
             )
             for name in sorted(files):
-                if name.endswith(SUFFIXES) and not skipped(here / name, is_dir=False):
+                # Regular files only: a FIFO named ``x.py`` would block the read forever.
+                if (
+                    name.endswith(SUFFIXES)
+                    and _is_regular(here / name)
+                    and not skipped(here / name, is_dir=False)
+                ):
                     yield here / name
+
+
+def _is_regular(path: Path) -> bool:
+    try:
+        return stat.S_ISREG(path.stat().st_mode)
+    except OSError:
+        return False
 
 
 class GitIgnore:

@@ -43,13 +43,16 @@ class Finding:
 
 @dataclass
 class FileError:
-    """A file that could not be linted (syntax error, unreadable)."""
+    """A file that could not be linted (syntax error, unreadable, over a budget)."""
 
     path: str
     line: int
     column: int
     message: str
     cell: int | None = None  # in a notebook, as in ``Finding``
+    # E999: not Python (a syntax error, not decodable, unreadable); E998: kllint
+    # could not analyse it (too large, too slow, out of memory, a crash).
+    code: str = "E999"
 
 
 @dataclass

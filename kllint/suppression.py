@@ -57,6 +57,8 @@ def parse_comments(source: str) -> list[SuppressionComment]:
             for kind, pattern in (("noqa", _NOQA), ("kllint", _KLLINT_IGNORE)):
                 for match in pattern.finditer(token.string):
                     codes = match.group("codes")
+                    if codes is None and token.string[match.end() :].startswith("["):
+                        continue  # ``# kllint: ignore[KL002`` unterminated: silences nothing
                     names = frozenset(re.findall(r"[\w-]+", codes.upper())) if codes else None
                     comments.append(
                         SuppressionComment(line, column + match.start() + 1, kind, names)

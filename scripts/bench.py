@@ -1,73 +1,163 @@
-"""Benchmark kllint against a bare LibCST parse of the same files.
+"""Benchmark kllint on real RL frameworks against a bare LibCST parse.
 
-    python scripts/bench.py PATH [PATH ...] [--runs 5] [--jobs N]
+    python scripts/bench.py [--dir ~/.cache/kllint-bench] [--runs 3] [--jobs N]
 
-For each PATH: the median wall time of `kllint PATH` (a fresh process each
-run, as a pre-commit hook would start it), its peak memory, and the median
-time to `libcst.parse_module` every .py file under PATH in one process - the
-floor any LibCST linter pays. Medians of several runs, side by side, because
-shared machines are noisy.
+Downloads trl 1.16.0, verl 0.9.1, OpenRLHF 0.11.2 and transformers 4.57.1
+(``pip download --no-deps``, wheels unpacked into ``--dir``, outside the
+repository) and prints, for the three RL frameworks together and for
+transformers:
+
+- kllint cold: a fresh process and an empty cache, as CI's first run;
+- kllint warm: the same command again, every result from the cache;
+- the floor: ``libcst.parse_module`` of every file in a pool of 2 processes,
+  what any LibCST linter pays.
+
+Each run measures the three back to back (paired: shared machines are
+noisy), and the table shows medians over runs, the ratios to the parse, and
+the peak memory of each (``wait4``'s ``ru_maxrss``: the largest resident set
+among the process and the workers it waited for). This is a benchmark to read, not a timed test.
 """
 
 from __future__ import annotations
 
 import argparse
-import resource
+import contextlib
+import os
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+import zipfile
 from pathlib import Path
 
-import libcst
+RELEASES = {
+    "trl": ("trl==1.16.0", "trl"),
+    "verl": ("verl==0.9.1", "verl"),
+    "openrlhf": ("openrlhf==0.11.2", "openrlhf"),
+    "transformers": ("transformers==4.57.1", "transformers"),
+}
+GROUPS = {
+    "RL frameworks (trl+verl+openrlhf)": ["trl", "verl", "openrlhf"],
+    "transformers": ["transformers"],
+}
 
 
-def time_kllint(path: Path, jobs: int | None) -> tuple[float, int]:
-    command = [sys.executable, "-m", "kllint", str(path), "--format", "concise", "--exit-zero"]
-    if jobs:
-        command += ["--jobs", str(jobs)]
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+def fetch(directory: Path) -> dict[str, Path]:
+    """The package folder of each release, downloaded and unpacked once."""
+    directory.mkdir(parents=True, exist_ok=True)
+    folders = {}
+    for name, (requirement, package) in RELEASES.items():
+        unpacked = directory / requirement.replace("==", "-")
+        if not unpacked.is_dir():
+            wheels = directory / "wheels"
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "download",
+                    "--no-deps",
+                    "--only-binary",
+                    ":all:",
+                    "-q",
+                    "-d",
+                    str(wheels),
+                    requirement,
+                ],
+                check=True,
+            )
+            version = requirement.split("==")[1]
+            [wheel] = [
+                w for w in wheels.glob("*.whl") if w.name.lower().startswith(f"{name}-{version}-")
+            ]
+            with zipfile.ZipFile(wheel) as archive:
+                archive.extractall(unpacked)
+        found = sorted(unpacked.rglob(f"{package}/__init__.py"), key=lambda p: len(p.parts))
+        if not found:
+            raise SystemExit(f"bench: no {package}/ package in {unpacked}")
+        folders[name] = found[0].parent
+    return folders
+
+
+def measure(command: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """Wall seconds and peak RSS in MB of ``command`` and the children it waited for."""
     start = time.perf_counter()
-    subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL)
+    _, status, usage = os.wait4(process.pid, 0)
     elapsed = time.perf_counter() - start
-    peak_kb = max(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, before)
-    return elapsed, peak_kb
+    process.returncode = os.waitstatus_to_exitcode(status)
+    if process.returncode not in (0, 1):
+        raise SystemExit(f"bench: {' '.join(command)} exited {process.returncode}")
+    return elapsed, usage.ru_maxrss / 1024
 
 
-def time_parse(path: Path) -> tuple[float, int, int]:
-    files = [path] if path.is_file() else sorted(path.rglob("*.py"))
-    lines = 0
-    start = time.perf_counter()
-    for file in files:
-        text = file.read_text(encoding="utf-8", errors="replace")
-        lines += text.count("\n")
-        try:
-            libcst.parse_module(text)
-        except libcst.ParserSyntaxError:
-            pass
-    return time.perf_counter() - start, len(files), lines
+def parse_only(paths: list[str]) -> None:
+    """The floor: parse every file with LibCST in a pool of 2."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    files = sorted(str(f) for p in paths for f in Path(p).rglob("*.py"))
+    with ProcessPoolExecutor(2) as pool:
+        list(pool.map(_parse, files, chunksize=8))
+
+
+def _parse(path: str) -> None:
+    import libcst
+
+    with contextlib.suppress(Exception):
+        libcst.parse_module(Path(path).read_text(encoding="utf-8", errors="replace"))
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("paths", nargs="+", type=Path)
-    parser.add_argument("--runs", type=int, default=5)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--dir", type=Path, default=Path.home() / ".cache" / "kllint-bench")
+    parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--jobs", type=int, default=None)
+    parser.add_argument(
+        "--only", choices=["rl", "transformers"], help="measure one group (default: both)"
+    )
+    parser.add_argument("--parse-only", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    print(f"{'path':40} {'files':>6} {'lines':>8} {'kllint (median)':>16} {'peak RSS':>10} {'parse only':>11} {'ratio':>6}")
-    for path in args.paths:
-        if not path.exists():
-            print(f"no such path: {path}", file=sys.stderr)
-            return 2
-        runs = [time_kllint(path, args.jobs) for _ in range(args.runs)]
-        parses = [time_parse(path) for _ in range(max(1, args.runs // 2))]
-        kllint_s = statistics.median(r[0] for r in runs)
-        parse_s = statistics.median(p[0] for p in parses)
-        _, files, lines = parses[0]
-        peak_mb = max(r[1] for r in runs) / 1024
+    if args.parse_only:
+        parse_only(args.parse_only)
+        return 0
+    folders = fetch(args.dir.expanduser())
+    header = (
+        f"{'':36} {'files':>5} {'lines':>7} | {'cold':>6} {'warm':>6} {'parse':>6} | "
+        f"{'cold/parse':>10} {'warm/parse':>10} | {'peak MB cold':>12} {'parse':>6}"
+    )
+    print(f"medians of {args.runs} paired runs; kllint --jobs {args.jobs or 'default'}")
+    print(header)
+    print("-" * len(header))
+    for label, names in GROUPS.items():
+        if args.only and (args.only == "transformers") != (names == ["transformers"]):
+            continue
+        paths = [str(folders[n]) for n in names]
+        files = [f for p in paths for f in Path(p).rglob("*.py")]
+        lines = sum(f.read_bytes().count(b"\n") for f in files)
+        kllint = [sys.executable, "-m", "kllint", "--format", "concise", "--exit-zero", *paths]
+        if args.jobs:
+            kllint += ["--jobs", str(args.jobs)]
+        rows = []
+        for _ in range(args.runs):
+            cache = tempfile.mkdtemp(prefix="kllint-bench-cache-")
+            env = {**os.environ, "KLLINT_CACHE_DIR": cache}
+            try:
+                cold = measure(kllint, env)
+                warm = measure(kllint, env)
+            finally:
+                shutil.rmtree(cache, ignore_errors=True)
+            parse = measure([sys.executable, __file__, "--parse-only", *paths], env)
+            rows.append((cold, warm, parse))
+        med = statistics.median
+        cold_s, warm_s, parse_s = (med(r[i][0] for r in rows) for i in range(3))
         print(
-            f"{str(path)[-40:]:40} {files:>6} {lines:>8} {kllint_s:>14.2f} s {peak_mb:>7.0f} MB "
-            f"{parse_s:>9.2f} s {kllint_s / parse_s:>6.2f}"
+            f"{label:36} {len(files):>5} {lines:>7} | {cold_s:>5.2f}s {warm_s:>5.2f}s {parse_s:>5.2f}s | "
+            f"{med(r[0][0] / r[2][0] for r in rows):>10.2f} {med(r[1][0] / r[2][0] for r in rows):>10.2f} | "
+            f"{max(r[0][1] for r in rows):>12.0f} {max(r[2][1] for r in rows):>6.0f}"
         )
     return 0
 

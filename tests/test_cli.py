@@ -93,10 +93,17 @@ def test_syntax_error_alone_exits_1_as_in_ruff() -> None:
 
 
 def test_file_that_is_not_utf8_is_reported() -> None:
-    Path("latin1.py").write_bytes(b"# coding: latin-1\nname = '\xe9'\n")
+    Path("latin1.py").write_bytes(b"name = '\xe9'\n")
     result = kllint("latin1.py")
     assert result.exit_code == 1
-    assert "latin1.py:2:1: E999 UnicodeDecodeError" in result.output
+    assert "latin1.py:1:1: E999 UnicodeDecodeError: not valid UTF-8" in result.output
+
+
+def test_a_pep_263_coding_declaration_is_honoured() -> None:
+    Path("latin1.py").write_bytes(b"# coding: latin-1\nname = '\xe9'\n" + K3_LOSS.encode())
+    result = kllint("--format", "concise", "latin1.py")
+    assert result.exit_code == 1
+    assert "latin1.py:4:12: KL002" in result.output
 
 
 def test_missing_path_exits_2_with_a_message_and_no_traceback() -> None:
@@ -164,7 +171,7 @@ def test_crash_in_the_analysis_exits_2_but_other_files_are_linted(
     result = kllint("--exit-zero", "--format", "concise", ".")
     assert result.exit_code == 2
     assert "grpo.py:2:12: KL002" in result.output
-    assert "odd.py:1:1: E999 internal error: KeyError: 'reference_logp'" in result.output
+    assert "odd.py:1:1: E998 internal error: KeyError: 'reference_logp'" in result.output
     assert "Traceback" not in result.output
 
 

@@ -36,13 +36,23 @@ class Expressions(Frame):
         except RecursionError:
             return Unknown(code(expr), ("deep",))
 
+    def number(self, expr: cst.Integer | cst.Float) -> ir.Node:
+        literal = expr.value.replace("_", "")
+        if isinstance(expr, cst.Integer):
+            value = float(min(int(literal, 0), _HUGE))
+        else:
+            value = float(literal)
+        if value >= _HUGE:
+            # A scale the dual-number evaluation would overflow on (1e200 ** 2):
+            # a coefficient, whose size does not change the gradient's direction.
+            return ir.Atom(Role.COEFFICIENT, expr.value[:12])
+        return ir.Const(value, origin=self.origin(expr))
+
     def _eval(self, expr: cst.BaseExpression) -> Value:
         if isinstance(expr, cst.Name):
             return self.lookup(expr.value)
-        if isinstance(expr, cst.Integer):
-            return ir.Const(float(int(expr.value.replace("_", ""), 0)), origin=self.origin(expr))
-        if isinstance(expr, cst.Float):
-            return ir.Const(float(expr.value.replace("_", "")), origin=self.origin(expr))
+        if isinstance(expr, (cst.Integer, cst.Float)):
+            return self.number(expr)
         if isinstance(expr, (cst.SimpleString, cst.ConcatenatedString)):
             text = expr.evaluated_value
             return Py(text if isinstance(text, str) else None)
@@ -361,6 +371,8 @@ def compare(operator: cst.BaseCompOp, left: Value, right: Value) -> bool | None:
         return None
     return None
 
+
+_HUGE = 1e100
 
 _LAMBDAS: dict[int, tuple[cst.Lambda, cst.FunctionDef]] = {}
 

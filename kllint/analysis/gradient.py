@@ -339,7 +339,15 @@ def _points(horizon: int, seed: int) -> list[_Point]:
 
 
 def _least_squares(rows: list[list[float]], target: list[float]) -> tuple[list[float], float]:
-    """Solve min ||A w - y|| by normal equations; returns (w, relative residual)."""
+    """Solve min ||A w - y|| by normal equations; returns (w, relative residual).
+    Coefficients beyond floating point (``* 1e200 * 1e200``) fit nothing."""
+    try:
+        return _solve(rows, target)
+    except (OverflowError, ZeroDivisionError):
+        return [0.0] * len(rows[0]), math.inf
+
+
+def _solve(rows: list[list[float]], target: list[float]) -> tuple[list[float], float]:
     k = len(rows[0])
     ata = [[sum(r[i] * r[j] for r in rows) for j in range(k)] for i in range(k)]
     aty = [sum(r[i] * y for r, y in zip(rows, target)) for i in range(k)]

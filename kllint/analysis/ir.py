@@ -85,9 +85,18 @@ class Node:
         return ()
 
     def walk(self) -> Iterator[Node]:
-        yield self
-        for child in self.children():
-            yield from child.walk()
+        """Every node below, each once, in pre-order. Trees share subtrees
+        (``kl = kl + kl`` makes a DAG): walking them as trees is exponential.
+        A stack, not recursion: a 1,000-term sum is 1,000 levels deep."""
+        seen: set[int] = set()
+        stack: list[Node] = [self]
+        while stack:
+            node = stack.pop()
+            if id(node) in seen:
+                continue
+            seen.add(id(node))
+            yield node
+            stack.extend(reversed(node.children()))
 
     def atoms(self) -> Iterator[Atom]:
         for node in self.walk():
@@ -323,7 +332,19 @@ def _shape_uncached(node: Node) -> tuple[object, ...]:
         own = (node.reverse,)
     else:
         own = ()
-    return (type(node).__name__, own, tuple(structure(c) for c in node.children()))
+    # Children by an interned number: a DAG (``kl = kl + kl``) has a tree
+    # shape exponential in its size, and so would hashing nested tuples be.
+    children = tuple(_interned(structure(c)) for c in node.children())
+    return (type(node).__name__, own, children)
+
+
+# Shape -> number, for the life of the process (keys of cached profiles are
+# built from these numbers, so they are never reused).
+_INTERNED: dict[tuple[object, ...], int] = {}
+
+
+def _interned(shape: tuple[object, ...]) -> int:
+    return _INTERNED.setdefault(shape, len(_INTERNED))
 
 
 def substitute(node: Node, mapping: dict[int, Node]) -> Node:

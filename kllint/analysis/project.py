@@ -9,9 +9,11 @@ built once from a text scan (no parse) of its files.
 
 from __future__ import annotations
 
+import bisect
 import os
 import re
-from collections.abc import Sequence
+import stat
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -61,6 +63,7 @@ class Default:
 @dataclass
 class _PackageDefaults:
     table: dict[str, list[Default]] = field(default_factory=dict)
+    files: list[str] = field(default_factory=list)  # every file scanned
 
     def add(self, key: str, value: object, source: str, kind: str = "field") -> None:
         self.table.setdefault(key, []).append(Default(value, source, kind))
@@ -91,6 +94,9 @@ class Project:
         self._defaults: dict[Path, _PackageDefaults] = {}
         self._resolved: dict[tuple[str, Path, int], ModuleInfo | None] = {}
         self._defaults_of: dict[Path, _PackageDefaults] = {}
+        # Every file the analysis used since the caller last cleared it (the
+        # results cache re-analyses a file when one of these changes).
+        self.read_paths: set[str] = set()
 
     # ------------------------------------------------------------ modules
 
@@ -101,6 +107,7 @@ class Project:
 
     def module_at(self, path: Path) -> ModuleInfo | None:
         path = path.resolve()
+        self.read_paths.add(str(path))
         if path not in self._modules:
             try:
                 source = path.read_text(encoding="utf-8")
@@ -116,7 +123,10 @@ class Project:
         key = (dotted, importer.parent, level)
         if key not in self._resolved:
             self._resolved[key] = self._resolve_module(dotted, importer, level)
-        return self._resolved[key]
+        found = self._resolved[key]
+        if found is not None:
+            self.read_paths.add(str(found.path))
+        return found
 
     def _resolve_module(self, dotted: str, importer: Path, level: int) -> ModuleInfo | None:
         if level:
@@ -131,8 +141,10 @@ class Project:
         parts = [p for p in dotted.split(".") if p]
         for base in candidates:
             target = base.joinpath(*parts) if parts else base
-            for path in (target.with_suffix(".py"), target / "__init__.py"):
-                if path.is_file():
+            # ``target.with_suffix`` fails on "." (``import pkg`` from a root named ".").
+            module_file = target.parent / f"{target.name}.py" if target.name else None
+            for path in (module_file, target / "__init__.py"):
+                if path is not None and path.is_file():
                     return self.module_at(path)
         return None
 
@@ -204,11 +216,13 @@ class Project:
             if root not in self._defaults:
                 self._defaults[root] = self._scan_defaults(root, top)
             self._defaults_of[importer] = self._defaults[root]
+        self.read_paths.update(self._defaults_of[importer].files)
         return self._defaults_of[importer].table.get(key, [])
 
     def _scan_defaults(self, root: Path, top: Path) -> _PackageDefaults:
         defaults = _PackageDefaults()
         if root.is_file():
+            defaults.files.append(str(root))
             self._scan_python(
                 root.read_text(encoding="utf-8", errors="replace"), _relative(root, top), defaults
             )
@@ -220,15 +234,20 @@ class Project:
                 if not filename.endswith((".py", ".yaml", ".yml")):
                     continue
                 try:
+                    # Regular files only: reading a FIFO named ``*.yaml`` never returns.
+                    if not stat.S_ISREG(path.stat().st_mode):
+                        continue
                     text = path.read_text(encoding="utf-8", errors="replace")
                 except OSError:
                     continue
+                defaults.files.append(str(path.resolve()))
                 shown = _relative(path, top)
                 if filename.endswith(".py"):
                     self._scan_python(text, shown, defaults)
                 else:
+                    line_of = _line_numbers(text)
                     for match in _YAML.finditer(text):
-                        line = text.count("\n", 0, match.start()) + 1
+                        line = line_of(match.start())
                         defaults.add(
                             match.group(1), _literal(match.group(2)), f"{shown}:{line}", "yaml"
                         )
@@ -237,6 +256,7 @@ class Project:
     @staticmethod
     def _scan_python(text: str, shown: str, defaults: _PackageDefaults) -> None:
         if "add_argument" in text:
+            line_of = _line_numbers(text)
             for option in _ARGPARSE.finditer(text):
                 body = option.group(2)
                 default = _ARG_DEFAULT.search(body)
@@ -244,7 +264,7 @@ class Project:
                     continue
                 dest = _ARG_DEST.search(body)
                 key = dest.group(1) if dest else option.group(1).replace("-", "_")
-                line_number = text.count("\n", 0, option.start()) + 1
+                line_number = line_of(option.start())
                 defaults.add(
                     key,
                     _literal(default.group(1)),
@@ -293,6 +313,13 @@ class Project:
                             _literal(default.group(1)),
                             f"field default in {shown}:{number}",
                         )
+
+
+def _line_numbers(text: str) -> Callable[[int], int]:
+    """The 1-based line of an offset in ``text``, in O(log n): counting the
+    newlines before each match made a large YAML file quadratic."""
+    starts = [m.end() for m in re.finditer("\n", text)]
+    return lambda offset: bisect.bisect_right(starts, offset) + 1
 
 
 def package_base(path: Path) -> Path:

@@ -68,10 +68,12 @@ class KLSite:
     def gradient_names(self) -> list[str]:
         """Policy log-probs the term's gradient flows through (not detached)."""
         seen: list[str] = []
+        visited: set[int] = set()  # shared subtrees once (``kl = kl + kl``)
 
         def visit(node: ir.Node) -> None:
-            if isinstance(node, ir.Unary) and node.op == "detach":
+            if (isinstance(node, ir.Unary) and node.op == "detach") or id(node) in visited:
                 return
+            visited.add(id(node))
             if (
                 isinstance(node, ir.Atom)
                 and node.role is Role.POLICY_LOGP
@@ -240,7 +242,10 @@ def _split_sum(node: ir.Binary) -> list[ir.Node]:
     rights = _split(node.right)
     if node.op == "sub":
         rights = [ir.neg(t, node.origin) for t in rights]
-    pieces = _split(node.left) + rights
+    # ``kl = kl + kl`` repeated: split the shared side once and keep each
+    # piece once, or the pieces double with every line.
+    lefts = rights if node.left is node.right and node.op == "add" else _split(node.left)
+    pieces = list({id(p): p for p in lefts + rights}.values())
     if split:
         return pieces
     # Both sides involve the reference, as in ``rewards - baseline`` where

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from kllint.notebook import cell_key
 
 FILE_ERROR_CODE = "E999"
 FILE_ERROR_NAME = "file-error"
+_LINE_END = re.compile(r"\r\n|\r|\n")
 
 
 def entries(result: LintResult) -> list[Finding | FileError]:
@@ -23,7 +25,7 @@ def entries(result: LintResult) -> list[Finding | FileError]:
     def key(entry: Finding | FileError) -> tuple[str, int, int, int, str]:
         if isinstance(entry, Finding):
             return entry.sort_key()
-        return (entry.path, entry.cell or 0, entry.line, entry.column, FILE_ERROR_CODE)
+        return (entry.path, entry.cell or 0, entry.line, entry.column, entry.code)
 
     return sorted([*result.findings, *result.errors], key=key)
 
@@ -32,7 +34,9 @@ def source_line(result: LintResult, path: str, line: int, cell: int | None = Non
     source = result.sources.get(path if cell is None else cell_key(path, cell))
     if source is None:
         return None
-    lines = source.splitlines()
+    # Only \n, \r\n and \r end a line of Python; str.splitlines() also
+    # splits at a form feed, \x85 or U+2028 and would show the wrong line.
+    lines = _LINE_END.split(source)
     return lines[line - 1] if 0 < line <= len(lines) else None
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from kllint.findings import FileError, LintResult
 from kllint.reporters.common import (
-    FILE_ERROR_CODE,
     entries,
     file_lines,
     repo_relative,
@@ -18,7 +17,7 @@ def render(result: LintResult) -> str:
     lines = []
     for e in entries(result):
         if isinstance(e, FileError):
-            level, code, message = "error", FILE_ERROR_CODE, e.message
+            level, code, message = "error", e.code, e.message
             end_line, end_column = e.line, e.column
         else:
             level = "warning" if e.severity == "warning" else "error"

@@ -13,7 +13,7 @@ import json
 from typing import Any
 
 from kllint.findings import FileError, Finding, LintResult
-from kllint.reporters.common import FILE_ERROR_CODE, FILE_ERROR_NAME, entries, jsonable
+from kllint.reporters.common import FILE_ERROR_NAME, entries, jsonable
 
 
 def render(result: LintResult) -> str:
@@ -23,8 +23,8 @@ def render(result: LintResult) -> str:
 def _entry(entry: Finding | FileError) -> dict[str, Any]:
     if isinstance(entry, FileError):
         return {
-            "code": FILE_ERROR_CODE,
-            "name": FILE_ERROR_NAME,
+            "code": entry.code,
+            "name": "could-not-analyse" if entry.code == "E998" else FILE_ERROR_NAME,
             "path": entry.path,
             "cell": entry.cell,
             "line": entry.line,

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import urllib.parse
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -17,7 +19,6 @@ from typing import Any
 from kllint import __version__
 from kllint.findings import FileError, Finding, LintResult
 from kllint.reporters.common import (
-    FILE_ERROR_CODE,
     file_lines,
     jsonable,
     repo_relative,
@@ -74,7 +75,7 @@ def _rule(rule: RuleInfo) -> dict[str, Any]:
 
 
 def _result(f: Finding, result: LintResult, root: Path, seen: Counter[str]) -> dict[str, Any]:
-    uri = repo_relative(f.path, root)
+    uri = _uri(repo_relative(f.path, root))
     text = source_line(result, f.path, f.line, f.cell) or ""
     end_text = source_line(result, f.path, f.end_line, f.cell) or ""
     start = (f.line, _utf16_column(text, f.column))
@@ -118,9 +119,15 @@ def _notification(e: FileError, root: Path) -> dict[str, Any]:
     return {
         "level": "error",
         "message": {"text": e.message},
-        "descriptor": {"id": FILE_ERROR_CODE},
-        "locations": [_location(repo_relative(e.path, root), where, where)],
+        "descriptor": {"id": e.code},
+        "locations": [_location(_uri(repo_relative(e.path, root)), where, where)],
     }
+
+
+def _uri(path: str) -> str:
+    """A relative URI reference: percent-encoded (RFC 3986), from the file
+    name's bytes, so a name that is not UTF-8 (surrogate escapes) is kept too."""
+    return urllib.parse.quote(os.fsencode(path), safe="/")
 
 
 def _location(uri: str, start: tuple[int, int], end: tuple[int, int]) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from collections import Counter
 from collections.abc import Mapping
 
 from kllint.findings import FileError, LintResult
-from kllint.reporters.common import FILE_ERROR_CODE, entries, location, repo_relative, repo_root
+from kllint.reporters.common import entries, location, repo_relative, repo_root
 
 # A summary is read, not processed: past this many, the annotations and the
 # json/sarif output have the rest.
@@ -60,7 +60,7 @@ def render(result: LintResult, environ: Mapping[str, str] | None = None) -> str:
         path = repo_relative(e.path, root)
         target = _link(path, e.line if e.cell is None else None, environ, location(e))
         if isinstance(e, FileError):
-            lines.append(f"- {target} **{FILE_ERROR_CODE}** {_escape(e.message)}")
+            lines.append(f"- {target} **{e.code}** {_escape(e.message)}")
         else:
             lines.append(f"- {target} **{e.code}** `{e.name}` {_escape(e.message)}")
     return "\n".join(lines) + "\n"

@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from kllint.findings import FileError, Finding, LintResult
-from kllint.reporters.common import FILE_ERROR_CODE, entries, location, source_line
+from kllint.reporters.common import entries, location, source_line
 
 
 def render_full(result: LintResult, *, color: bool = False) -> str:
@@ -52,8 +52,8 @@ def summary(result: LintResult) -> str:
 def statistics(result: LintResult) -> str:
     """``--statistics``: how many findings of each rule, most frequent first (as Ruff)."""
     counts = Counter((f.code, f.name) for f in result.findings)
-    if result.errors:
-        counts[(FILE_ERROR_CODE, "file-error")] = len(result.errors)
+    for error in result.errors:
+        counts[(error.code, "could-not-analyse" if error.code == "E998" else "file-error")] += 1
     ranked = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
     width = max((len(str(n)) for n in counts.values()), default=1)
     lines = [f"{n:>{width}}  {code}  {name}" for (code, name), n in ranked]
@@ -68,7 +68,7 @@ def _headline(f: Finding, color: bool) -> str:
 
 def _file_error(e: FileError, color: bool) -> str:
     where = _style(f"{location(e)}:", color, bold=True)
-    return f"{where} {_style(FILE_ERROR_CODE, color, fg='red', bold=True)} {e.message}"
+    return f"{where} {_style(e.code, color, fg='red', bold=True)} {e.message}"
 
 
 def _snippet(f: Finding, text: str, color: bool) -> list[str]:

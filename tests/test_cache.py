@@ -1,0 +1,163 @@
+"""The results cache: a warm run reports what a cold run reports, re-analyses
+exactly the files whose inputs changed, and survives corruption and
+concurrent runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from kllint import engine
+from kllint.cache import CACHE_DIR_NAME, Cache
+from kllint.cli import main
+from kllint.config import load_settings
+
+_real_check_source = engine.check_source
+
+
+def _logged_check_source(source: str, path: str, project: object, roles: object) -> list:
+    """The real analysis, noting which file it ran on (from any worker)."""
+    with open(os.environ["KLLINT_TEST_ANALYSED"], "a", encoding="utf-8") as log:
+        log.write(path + "\n")
+    return _real_check_source(source, path, project, roles)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A package: ``train.py`` and ``rollout.py`` call a KL helper in
+    ``estimates.py``; ``data.py`` uses nothing of it."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("KLLINT_CACHE_DIR", raising=False)
+    monkeypatch.setenv("KLLINT_TEST_ANALYSED", str(tmp_path / "analysed.log"))
+    monkeypatch.setattr(engine, "check_source", _logged_check_source)
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "estimates.py").write_text(
+        "import torch\n\n\ndef divergence(policy_logp, ref_logp):\n"
+        "    return torch.exp(ref_logp - policy_logp) - (ref_logp - policy_logp) - 1\n"
+    )
+    for name in ("train", "rollout"):
+        (package / f"{name}.py").write_text(
+            textwrap.dedent(
+                """\
+                from pkg.estimates import divergence
+
+
+                def step(policy_logp, ref_logp, mask):
+                    penalty = divergence(policy_logp, ref_logp)
+                    loss = (penalty * mask).sum(-1).mean()
+                    loss.backward()
+                """
+            )
+        )
+    (package / "data.py").write_text(
+        "def collate(batch, ref_logp):\n    loss = batch.sum()\n    loss.backward()\n"
+    )
+    return package
+
+
+def run(*args: str) -> tuple[str, list[str]]:
+    """The concise report and the files analysed (not taken from the cache)."""
+    log = Path(os.environ["KLLINT_TEST_ANALYSED"])
+    log.unlink(missing_ok=True)
+    result = CliRunner().invoke(main, ["--format", "concise", "--exit-zero", *args])
+    assert result.exit_code == 0, result.output
+    analysed = sorted(Path(p).name for p in log.read_text().split()) if log.exists() else []
+    return result.output, analysed
+
+
+def test_a_warm_run_reports_the_same_without_analysing(project: Path) -> None:
+    cold, analysed = run("pkg")
+    assert analysed == ["__init__.py", "data.py", "estimates.py", "rollout.py", "train.py"]
+    assert "pkg/train.py:5:15: KL002" in cold
+    warm, analysed = run("pkg")
+    assert (warm, analysed) == (cold, [])
+    assert (Path(CACHE_DIR_NAME) / ".gitignore").read_text().endswith("*\n")
+
+
+def test_the_json_report_is_the_same_warm(project: Path) -> None:
+    cold = CliRunner().invoke(main, ["--format", "json", "pkg"]).output
+    warm = CliRunner().invoke(main, ["--format", "json", "pkg"]).output
+    assert json.loads(warm) == json.loads(cold) != []
+
+
+def test_editing_a_helper_reanalyses_exactly_the_files_that_used_it(project: Path) -> None:
+    run("pkg")
+    estimates = project / "estimates.py"
+    estimates.write_text(
+        estimates.read_text().replace(
+            "torch.exp(ref_logp - policy_logp) - (ref_logp - policy_logp) - 1",
+            "policy_logp - ref_logp",
+        )
+    )
+    output, analysed = run("pkg")
+    assert analysed == ["estimates.py", "rollout.py", "train.py"]
+    assert "KL002" not in output and "pkg/train.py:5:15: KL001" in output
+
+
+def test_editing_a_file_reanalyses_only_that_file(project: Path) -> None:
+    run("pkg")
+    (project / "data.py").write_text("# edited\n" + (project / "data.py").read_text())
+    assert run("pkg")[1] == ["data.py"]
+
+
+def test_other_settings_do_not_share_results(project: Path) -> None:
+    run("pkg")
+    output, analysed = run("--select", "KL001", "pkg")
+    assert len(analysed) == 5 and "KL002" not in output
+
+
+def test_no_cache_neither_reads_nor_writes(project: Path) -> None:
+    assert run("--no-cache", "pkg")[1] == run("--no-cache", "pkg")[1] != []
+    assert not Path(CACHE_DIR_NAME).exists()
+
+
+def test_kllint_cache_dir_moves_the_cache(project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KLLINT_CACHE_DIR", str(project.parent / "elsewhere"))
+    run("pkg")
+    assert not Path(CACHE_DIR_NAME).exists() and (project.parent / "elsewhere").is_dir()
+
+
+def test_a_corrupt_cache_is_ignored_and_rebuilt(project: Path) -> None:
+    cold, _ = run("pkg")
+    entries = sorted(Path(CACHE_DIR_NAME).glob("*/*.json"))
+    assert len(entries) == 5
+    entries[0].write_text('{"digest": ')  # truncated
+    entries[1].write_bytes(b"\xff\xfe garbage")
+    entries[2].write_text(json.dumps({"digest": 1, "findings": "nonsense"}))
+    output, analysed = run("pkg")
+    assert output == cold and len(analysed) == 3
+    assert run("pkg") == (cold, [])
+
+
+def test_a_read_only_cache_directory_is_not_an_error(project: Path) -> None:
+    Path(CACHE_DIR_NAME).write_text("not a directory")
+    cold, analysed = run("pkg")
+    assert len(analysed) == 5 and "KL002" in cold
+
+
+def test_entries_are_written_whole_or_not_at_all(project: Path, tmp_path: Path) -> None:
+    settings = load_settings([project])
+    cache = Cache(tmp_path / "cache", settings)
+    result = engine.lint_paths([project], settings, cache=cache)
+    assert not list((tmp_path / "cache").rglob(".entry-*"))  # no temporary left behind
+    for entry in (tmp_path / "cache").rglob("*.json"):
+        json.loads(entry.read_text())
+    assert result.findings
+
+
+def test_concurrent_runs_share_the_cache(project: Path) -> None:
+    command = [sys.executable, "-m", "kllint", "--format", "concise", "--exit-zero", "pkg"]
+    env = {k: v for k, v in os.environ.items() if k != "KLLINT_TEST_ANALYSED"}
+    runs = [subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env) for _ in range(3)]
+    outputs = {r.communicate(timeout=120)[0] for r in runs}
+    assert len(outputs) == 1
+    assert run("pkg") == (outputs.pop(), [])
