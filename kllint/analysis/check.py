@@ -158,6 +158,8 @@ def _findings(sinks: list[Sink], path: str) -> list[Finding]:
                     branches.setdefault(key, []).append(branch)
                     if key not in best:
                         best[key] = finding
+                    elif all(s.term is not site.term for s in best[key].alternatives):
+                        best[key].alternatives.append(site)  # another branch, for --confirm
     # A finding reached on several paths names only the conditions they share.
     for key, finding in best.items():
         shared = common_condition(branches[key])

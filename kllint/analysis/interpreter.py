@@ -325,7 +325,12 @@ class Interpreter:
                 )
             if isinstance(step, ir.Node) and ir.contains(step, placeholder):
                 added = ir.substitute(step, {id(placeholder): ir.Const(0.0)})
-                scan = ir.CumSum(added, reverse=reverse, origin=step.origin)
+                scan = ir.CumSum(
+                    added,
+                    reverse=reverse,
+                    discount=_discount_of(step, placeholder),
+                    origin=step.origin,
+                )
                 scans.setdefault(id(placeholder), scan)
                 scans[id(step)] = scan  # what was appended each step is the scan itself
                 return scan
@@ -1761,6 +1766,39 @@ _CONFIG_WORDS = frozenset(
 )
 
 
+def _discount_of(step: ir.Node, carried: ir.Node) -> ir.Node | None:
+    """The factor of the carried value in a recurrence: ``gamma * lam`` in
+    ``delta + gamma * lam * lastgaelam``; None for 1 or a shape other than a
+    sum of terms with one scaled carried value."""
+    if step is carried:
+        return None
+    if isinstance(step, ir.Binary) and step.op == "add":
+        if ir.contains(step.left, carried) != ir.contains(step.right, carried):
+            side = step.left if ir.contains(step.left, carried) else step.right
+            return _discount_of(side, carried)
+    if isinstance(step, ir.Binary) and step.op == "mul":
+        if ir.contains(step.left, carried) != ir.contains(step.right, carried):
+            inner, factor = (
+                (step.left, step.right) if ir.contains(step.left, carried) else (step.right, step.left)
+            )
+            rest = _discount_of(inner, carried)
+            return factor if rest is None else ir.binary("mul", factor, rest)
+    return None
+
+
+def _tensor_like(value: Value) -> bool:
+    """A tensor expression, or an unknown value named or produced like one (a
+    mask, a log-prob, rollout data): never None where the code uses it."""
+    if isinstance(value, ir.Node):
+        return True
+    if not isinstance(value, Unknown):
+        return False
+    if value.logprob_op or value.stored:
+        return True
+    last = value.names[-1] if value.names else ""
+    return roles.weight_role(last) is Role.MASK or roles.is_logprob_name(last)
+
+
 def _compare(operator: cst.BaseCompOp, left: Value, right: Value) -> bool | None:
     def literal(v: Value) -> tuple[bool, object]:
         if isinstance(v, Py):
@@ -1775,6 +1813,11 @@ def _compare(operator: cst.BaseCompOp, left: Value, right: Value) -> bool | None
 
     lok, lv = literal(left)
     rok, rv = literal(right)
+    if isinstance(operator, (cst.Is, cst.IsNot)) and (
+        (_tensor_like(left) and rok and rv is None) or (_tensor_like(right) and lok and lv is None)
+    ):
+        # A tensor argument (``mask`` passed to ``masked_mean``) is not None.
+        return isinstance(operator, cst.IsNot)
     if not (lok and rok):
         return None
     try:

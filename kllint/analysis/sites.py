@@ -244,7 +244,7 @@ def _split(node: ir.Node) -> list[ir.Node]:
             ir.Reduce(node.kind, node.axis, t, node.mask, origin=origin) for t in _split(node.arg)
         ]
     if isinstance(node, ir.CumSum):
-        return [ir.CumSum(t, node.reverse, origin=origin) for t in _split(node.arg)]
+        return [ir.CumSum(t, node.reverse, node.discount, origin=origin) for t in _split(node.arg)]
     if isinstance(node, ir.Binary) and node.op == "mul":
         if not _has_reference(node.left) and _has_reference(node.right):
             return [ir.Binary("mul", node.left, t, origin=origin) for t in _split(node.right)]

@@ -15,6 +15,7 @@ from kllint.harness.verdict import VERDICTS, Confirmation
 
 if TYPE_CHECKING:
     from kllint.findings import Finding
+    from kllint.harness.claims import Claim
     from kllint.harness.estimators import Row
 
 __all__ = [
@@ -28,11 +29,12 @@ __all__ = [
 ]
 
 
-def confirm_site(site_or_term: Any) -> Confirmation:
-    """The verdict on a ``KLSite`` or an IR term (see :mod:`kllint.harness.confirm`)."""
+def confirm_site(site_or_term: Any, claim: Claim | None = None) -> Confirmation:
+    """The verdict on a ``KLSite`` or an IR term, checked against ``claim``
+    (see :mod:`kllint.harness.confirm`)."""
     from kllint.harness.confirm import confirm_site as confirm
 
-    return confirm(site_or_term)
+    return confirm(site_or_term, claim=claim)
 
 
 def confirm_findings(findings: Iterable[Finding]) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -13,10 +14,24 @@ import torch
 from kllint.analysis import ir
 from kllint.findings import Finding
 from kllint.harness import tabular
-from kllint.harness.compile import Unsupported, check_supported, expected_gradient
+from kllint.harness.claims import UNCONFIRMED as NOT_EVALUATED
+from kllint.harness.claims import Claim, check, claim_for
+from kllint.harness.compile import (
+    COEFFICIENT_RANGE,
+    Batches,
+    Unsupported,
+    batch_nonlinear,
+    check_supported,
+    expected_gradient,
+    finite_batches,
+    nonlinear_coefficients,
+)
+from kllint.harness.tabular import Rows
 from kllint.harness.verdict import (
     BIASED,
     MATCH_TOLERANCE,
+    SCALED,
+    TARGET_VERDICT,
     UNCONFIRMED,
     Confirmation,
     InstanceResult,
@@ -28,46 +43,80 @@ from kllint.harness.verdict import (
 )
 
 SEEDS = (0, 1, 2)
+# Batch sizes a term whose batch statistics enter nonlinearly is evaluated
+# at, exactly (every batch enumerated), besides the large-batch limit.
+BATCH_SIZES = (2,)
+# The instances a finite batch size is evaluated on (N ** B batches each).
+BATCHED = (tabular.SEQUENCES, tabular.VARIABLE_LENGTH)
 
 
-def confirm_site(site_or_term: Any, seeds: tuple[int, ...] = SEEDS) -> Confirmation:
-    """The verdict on a KL site (anything with an IR ``term``) or on an IR term.
+def confirm_site(
+    site_or_term: Any, seeds: tuple[int, ...] = SEEDS, claim: Claim | None = None
+) -> Confirmation:
+    """The verdict on a KL site (anything with an IR ``term``) or on an IR term,
+    in every regime, checked against ``claim`` when one is given.
 
-    The term is evaluated exactly on a bandit, fixed-length sequences and
-    variable-length sequences, at each seed; every seed must agree.
+    The term is evaluated exactly on one action, fixed-length and
+    variable-length sequences, far from and near the reference, off-policy
+    when it has a behaviour policy, at each seed; every seed must agree.
+    A coefficient inside a nonlinearity is evaluated at several values, and
+    a batch statistic that enters nonlinearly at finite batch sizes.
     """
     start = time.perf_counter()
     term = getattr(site_or_term, "term", site_or_term)
+    branch = str(getattr(site_or_term, "branch", "") or "")
     if not isinstance(term, ir.Node):
-        return unconfirmed(f"not an IR term: {type(site_or_term).__name__}")
+        return unconfirmed(f"not a KL expression: {type(site_or_term).__name__}")
     text = ir.render(term)
+
+    def stop(reason: str) -> Confirmation:
+        return replace(
+            unconfirmed(reason, text, time.perf_counter() - start),
+            outcome=None if claim is None else NOT_EVALUATED,
+            claim=None if claim is None else claim.statement,
+            branch=branch,
+        )
+
     try:
         coefficients = check_supported(term)
+        variants = _variants(term)
+        regimes = [
+            r
+            for r in tabular.INSTANCES
+            if r != tabular.OFF_POLICY or term.has_role(ir.Role.OLD_LOGP)
+        ]
+        instances: dict[str, InstanceResult] = {}
         with tabular.single_threaded():
-            instances = {name: _confirm_instance(term, name, seeds) for name in tabular.INSTANCES}
+            for variant, settings in variants:
+                for regime in regimes:
+                    name = regime if not variant else f"{regime}@{variant}"
+                    instances[name] = _confirm_instance(term, regime, seeds, name, **settings)
+            if batch_nonlinear(term):
+                for regime in BATCHED:
+                    for size in BATCH_SIZES:
+                        name = f"{regime}@B={size}"
+                        instances[name] = _confirm_instance(
+                            term, regime, seeds, name, batch_size=size
+                        )
     except Unsupported as exc:
-        return unconfirmed(str(exc), text, time.perf_counter() - start)
+        return stop(str(exc))
     except RuntimeError as exc:  # a shape torch refuses: report, never crash the linter
-        return unconfirmed(
-            f"torch could not evaluate the term: {exc}", text, time.perf_counter() - start
-        )
+        return stop(f"torch could not evaluate the term: {exc}")
     notes = []
-    if coefficients:
-        names = ", ".join(sorted(coefficients))
-        notes.append(f"coefficients set to 1: {names}")
+    fixed = sorted(coefficients - {n for n in nonlinear_coefficients(term)})
+    if fixed:
+        notes.append(f"{', '.join(fixed)} set to 1: a positive factor of the whole term")
     for result in instances.values():
         if result.verdict == UNCONFIRMED:
-            return Confirmation(
-                UNCONFIRMED,
-                reason=f"{result.label}: {result.reason}",
-                term=text,
-                instances=instances,
-                seeds=seeds,
-                notes=tuple(notes),
-                seconds=time.perf_counter() - start,
-            )
-    # The general case of sequence-level training code decides.
-    overall = instances[tabular.VARIABLE_LENGTH]
+            return replace(stop(f"{result.label}: {result.reason}"), instances=instances)
+    main = _main_instance(instances)
+    overall = instances[main]
+    outcome: str | None = None
+    contradictions: tuple[str, ...] = ()
+    if claim is not None:
+        measured = {name: _up_to_scale(r) for name, r in instances.items()}
+        outcome, wrong = check(claim, measured)
+        contradictions = tuple(wrong)
     return Confirmation(
         overall.verdict,
         target=overall.target,
@@ -77,36 +126,101 @@ def confirm_site(site_or_term: Any, seeds: tuple[int, ...] = SEEDS) -> Confirmat
         seeds=seeds,
         notes=tuple(notes),
         seconds=time.perf_counter() - start,
+        main=main,
+        outcome=outcome,
+        claim=None if claim is None else claim.statement,
+        contradictions=contradictions,
+        branch=branch,
     )
+
+
+def _variants(term: ir.Node) -> list[tuple[str, dict[str, Any]]]:
+    """``[("", {})]``, or one variant per value of the range for the
+    coefficients that enter nonlinearly (all set to the same value)."""
+    names = nonlinear_coefficients(term)
+    if not names:
+        return [("", {})]
+    return [
+        (
+            ",".join(f"{n}={value:g}" for n in names),
+            {"coefficients": dict.fromkeys(names, value)},
+        )
+        for value in COEFFICIENT_RANGE
+    ]
+
+
+def _main_instance(instances: dict[str, InstanceResult]) -> str:
+    """The instance the headline reports: variable length far from the
+    reference, at the largest finite batch size when batches matter, at the
+    middle coefficient value when one enters nonlinearly."""
+    candidates = [n for n in instances if n.split("@")[0] == tabular.VARIABLE_LENGTH]
+    batched = [n for n in candidates if "@B=" in n]
+    if batched:
+        return batched[-1]
+    return candidates[len(candidates) // 2]
+
+
+def _up_to_scale(r: InstanceResult) -> str:
+    if r.verdict == SCALED and r.target is not None and r.factor is not None and r.factor > 0:
+        return TARGET_VERDICT[r.target]
+    return r.verdict
 
 
 def confirm_findings(findings: Iterable[Finding]) -> None:
     """Set ``finding.confirmation`` to a JSON-serialisable verdict for each
-    finding; one without a KL site is ``unconfirmed``. Findings sharing a
-    term are confirmed once."""
-    done: dict[int, dict[str, Any]] = {}
+    finding, checked against its rule's claim; one without a KL site is
+    ``unconfirmed``. Every branch the finding is reached on is confirmed.
+    Findings sharing a term are confirmed once."""
+    done: dict[tuple[str, int], Confirmation] = {}
+
+    def confirmed(code: str, site: Any) -> Confirmation:
+        key = (code, id(site.term))
+        if key not in done:
+            done[key] = confirm_site(site, claim=claim_for(code, site.term))
+        return done[key]
+
     for finding in findings:
         site = finding.site
         if site is None:
             finding.confirmation = unconfirmed(
-                "the finding carries no KL site to evaluate"
+                "the finding carries no KL expression to evaluate"
             ).to_dict()
             continue
-        key = id(site.term)
-        if key not in done:
-            done[key] = confirm_site(site).to_dict()
-        finding.confirmation = done[key]
+        main = confirmed(finding.code, site)
+        others = [s for s in finding.alternatives if s is not site]
+        if others:
+            alternatives = tuple(confirmed(finding.code, s) for s in others)
+            main = replace(main, alternatives=alternatives)
+        finding.confirmation = main.to_dict()
 
 
-def _confirm_instance(term: ir.Node, name: str, seeds: tuple[int, ...]) -> InstanceResult:
+def _confirm_instance(
+    term: ir.Node,
+    regime: str,
+    seeds: tuple[int, ...],
+    name: str,
+    coefficients: dict[str, float] | None = None,
+    batch_size: int | None = None,
+) -> InstanceResult:
     results = []
     description = ""
     for seed in seeds:
-        inst = tabular.instance(name, seed)
+        inst = tabular.instance(regime, seed)
         description = inst.description
-        exact = tabular.cached_targets(name, seed)
-        rows = tabular.enumerated(inst, inst.policy_logits)
-        grad, value = expected_gradient(term, inst.policy_logits, inst.reference_logits, rows)
+        exact = tabular.cached_targets(regime, seed)
+        rows: Rows | Batches = tabular.enumerated(inst, inst.policy_logits, inst.behaviour_logits)
+        if batch_size is not None:
+            assert isinstance(rows, Rows)
+            rows = finite_batches(rows, batch_size)
+            description += f", batches of {batch_size} enumerated"
+        grad, value = expected_gradient(
+            term,
+            inst.policy_logits,
+            inst.reference_logits,
+            rows,
+            behaviour_logits=inst.behaviour_logits,
+            coefficients=coefficients,
+        )
         metrics = measure(grad, exact.gradients)
         verdict, target, factor = classify(float(grad.norm()), metrics)
         combination = decompose(grad, exact.gradients) if verdict == BIASED else None

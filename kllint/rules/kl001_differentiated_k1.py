@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from kllint.analysis.gradient import Credit, Direction
 from kllint.analysis.sites import KLSite
+from kllint.harness.claims import length_normalised
 from kllint.rules.base import Rule, where
 
 
@@ -18,6 +19,14 @@ def applies(site: KLSite) -> bool:
 
 
 def message(site: KLSite) -> str:
+    if length_normalised(site.term):
+        # E[grad log pi(y) / |y|] is not 0 on variable lengths: a length reward.
+        return (
+            f"{site.estimator} estimate of KL(pi||pi_ref) is differentiated as a loss, "
+            f"{where(site)}: autograd gives grad log pi divided by each sequence's length, "
+            "which does not regularise towards the reference and, on variable lengths, "
+            "rewards or penalises length instead"
+        )
     return (
         f"{site.estimator} estimate of KL(pi||pi_ref) is differentiated as a loss, {where(site)}: "
         "autograd gives grad log pi, and E_pi[grad log pi] = 0, so the KL term has zero expected "
