@@ -275,11 +275,34 @@ def test_a_term_without_gradient_to_the_policy_is_zero() -> None:
 # ------------------------------------------------------------------ unconfirmed, never a guess
 
 
-def test_opaque_values_are_not_confirmed() -> None:
-    c = confirm_site(mul(ir.Opaque("call to my_kl_helper"), masked_sum(k3)))
+def test_an_unreadable_value_inside_the_estimate_is_not_confirmed() -> None:
+    c = confirm_site(masked_sum(exp(sub(ir.Opaque("my_kl_helper(...)"), policy_logp))))
     assert c.verdict == "unconfirmed"
-    assert "my_kl_helper" in c.summary()
+    assert "`my_kl_helper(...)` enters the KL term where kllint cannot tell" in c.summary()
     assert c.instances == {}
+
+
+def test_an_unreadable_factor_of_the_whole_term_is_a_scale_and_said_so() -> None:
+    # `/ self.gradient_accumulation`: a positive number kllint cannot read.
+    c = confirm_site(ir.Binary("div", masked_sum(k3), ir.Opaque("self.gradient_accumulation")))
+    assert c.verdict == "partial-wrong-direction"
+    assert "`self.gradient_accumulation`, unknown to kllint, scale the whole term" in c.summary()
+
+
+def test_an_unreadable_mask_is_recognised_by_how_it_normalises() -> None:
+    # verl: sum(k3 * response_mask) / sum(response_mask), the mask read from a
+    # dict the analysis cannot index: the padding mask by its use.
+    unknown = ir.Opaque("DictVal")
+    term = ir.Binary(
+        "div",
+        ir.Reduce("sum", Axis.ALL, mul(k3, unknown)),
+        ir.Reduce("sum", Axis.ALL, ir.Opaque("DictVal")),
+    )
+    c = confirm_site(term)
+    assert c.verdict == "scaled"
+    assert c.up_to_scale == "partial-wrong-direction"
+    assert "a value read from a dict taken as the padding mask" in c.summary()
+    assert "DictVal" not in c.summary()
 
 
 def test_advantages_are_not_confirmed() -> None:
@@ -397,7 +420,9 @@ def test_one_confirmation_takes_milliseconds() -> None:
     for _ in range(5):
         confirm_site(term)
     per_confirmation = (time.perf_counter() - start) / 5
-    assert per_confirmation < 0.1  # ~6 ms measured on 2 cores: 3 instances x 3 seeds
+    # 6 regimes (off-policy: the ratio has a behaviour policy) x 3 seeds:
+    # ~30 ms measured on 2 shared cores.
+    assert per_confirmation < 0.25
 
 
 # ------------------------------------------------------------------ findings and serialisation
@@ -483,7 +508,8 @@ def test_the_branch_a_helper_call_takes_is_confirmed() -> None:
     confirm_findings([finding])
     assert finding.confirmation is not None
     assert finding.confirmation["outcome"] == "confirmed"
-    assert finding.confirmation["verdict"] == "biased"
+    assert finding.confirmation["instances"]["variable_length"]["verdict"] == "biased"
+    assert finding.confirmation["instances"]["sequences"]["verdict"] == "zero-gradient"
     assert "zero expected gradient" not in finding.message
 
     # Independently: E[grad sum_t logp_t / |y|] by enumeration is not 0.

@@ -1778,9 +1778,8 @@ def _discount_of(step: ir.Node, carried: ir.Node) -> ir.Node | None:
             return _discount_of(side, carried)
     if isinstance(step, ir.Binary) and step.op == "mul":
         if ir.contains(step.left, carried) != ir.contains(step.right, carried):
-            inner, factor = (
-                (step.left, step.right) if ir.contains(step.left, carried) else (step.right, step.left)
-            )
+            left_carries = ir.contains(step.left, carried)
+            inner, factor = (step.left, step.right) if left_carries else (step.right, step.left)
             rest = _discount_of(inner, carried)
             return factor if rest is None else ir.binary("mul", factor, rest)
     return None

@@ -54,6 +54,7 @@ import torch
 
 from kllint.analysis import ir
 from kllint.analysis.ir import Axis, Level, Role
+from kllint.harness.prepare import unreadable
 from kllint.harness.tabular import DTYPE, Rows, token_logp
 
 
@@ -96,7 +97,7 @@ def check_supported(term: ir.Node) -> set[str]:
     coefficients: set[str] = set()
     for node in term.walk():
         if isinstance(node, ir.Opaque):
-            raise Unsupported(f"the term contains {node.reason}, which kllint cannot evaluate")
+            raise Unsupported(unreadable(node))
         if isinstance(node, ir.Atom):
             if node.role is Role.ADVANTAGE:
                 raise Unsupported(
@@ -167,6 +168,24 @@ def nonlinear_coefficients(term: ir.Node) -> list[str]:
     return found
 
 
+_BATCH_SIZE_WORDS = ("shape", "size(", "len(", "numel", "batch_size")
+
+
+def batch_size_coefficients(term: ir.Node) -> list[str]:
+    """Coefficients that are the batch's size (``returns.shape[0]``,
+    ``len(batch)``): B at batch size B, and without a value in the
+    large-batch limit (a leave-one-out baseline divides by B - 1)."""
+    names: list[str] = []
+    for atom in term.atoms():
+        if (
+            atom.role is Role.COEFFICIENT
+            and any(w in atom.name for w in _BATCH_SIZE_WORDS)
+            and atom.name not in names
+        ):
+            names.append(atom.name)
+    return names
+
+
 def batch_nonlinear(term: ir.Node) -> bool:
     """True when a statistic of the batch (a mean over sequences) enters the
     term nonlinearly: its square, a product with another per-sequence value
@@ -232,6 +251,9 @@ class Batches:
     mask: torch.Tensor  # [G, n, T]
     weight: torch.Tensor  # [G, n]
     batch_weight: torch.Tensor  # [G]
+    # B for batches of B sequences; None for the large-batch limit, where a
+    # sum over the batch is its mean (the positive factor B dropped).
+    size: int | None = None
 
     @property
     def rows(self) -> Rows:
@@ -260,6 +282,7 @@ def finite_batches(rows: Rows, size: int) -> Batches:
         rows.mask[index],
         torch.full(index.shape, 1.0 / size, dtype=DTYPE),
         probability[index].prod(dim=1),
+        size,
     )
 
 
@@ -476,12 +499,14 @@ def _reduce(node: ir.Reduce, b: _Bindings) -> _Value:
         return _Value(total / length, per_token=False, batch=x.batch)
     if x.batch:
         raise Unsupported("a reduction over the batch of a value already reduced over the batch")
+    # A sum over a batch of B sequences is B times its mean.
+    times = 1.0 if mean or b.batches.size is None else float(b.batches.size)
     if node.axis is Axis.BATCH:
         if not x.per_token:
-            return _Value(b.expectation(x.tensor), per_token=False, batch=True)
+            return _Value(times * b.expectation(x.tensor), per_token=False, batch=True)
         values = x.tensor if m is None else x.tensor * m.tensor
         if m is None or not mean:
-            return _Value(b.expectation(values), per_token=True, batch=True)
+            return _Value(times * b.expectation(values), per_token=True, batch=True)
         # sum_b x_bt m_bt / sum_b m_bt: E[x_t m_t] / E[m_t] per position;
         # a position no sequence of the batch reaches contributes 0 / 0 := 0.
         count = b.expectation(m.tensor)
@@ -489,12 +514,12 @@ def _reduce(node: ir.Reduce, b: _Bindings) -> _Value:
         return _Value(b.expectation(values) / safe, per_token=True, batch=True)
     # Axis.ALL over per-row values: E over the rows of the sum over time.
     if not x.per_token:
-        return _Value(b.expectation(x.tensor), per_token=False, batch=True)
+        return _Value(times * b.expectation(x.tensor), per_token=False, batch=True)
     total = b.expectation(
         (x.tensor if m is None else x.tensor * m.tensor).sum(dim=-1, keepdim=True)
     )
     if not mean:
-        return _Value(total, per_token=False, batch=True)
+        return _Value(times * total, per_token=False, batch=True)
     if m is None:
         return _Value(total / b.horizon, per_token=False, batch=True)
     # sum_{b,t} x m / sum_{b,t} m: on a large batch E[sum_t x_t m_t] / E[|y|],

@@ -272,6 +272,14 @@ def instance(name: str, seed: int) -> Instance:
 
 
 @cache
+def cached_rows(name: str, seed: int) -> Rows:
+    """Every sequence of instance ``name`` weighted by the policy that samples
+    it, at the instance's own logits (what a confirmation evaluates on)."""
+    inst = instance(name, seed)
+    return enumerated(inst, inst.policy_logits, inst.behaviour_logits)
+
+
+@cache
 def cached_targets(name: str, seed: int) -> Targets:
     inst = instance(name, seed)
     return targets(inst, inst.policy_logits)

@@ -338,8 +338,12 @@ class Confirmation:
         """One line: the outcome against the claim first, then the numbers;
         each other branch of the finding after it."""
         text = self._own_summary()
+        shown = {text}
         for other in self.alternatives:
-            text += f" | if {other.branch or 'otherwise'}: {other._own_summary()}"
+            own = other._own_summary()
+            if own not in shown:  # branches with the same numbers are said once
+                shown.add(own)
+                text += f" | if {other.branch or 'otherwise'}: {own}"
         return text
 
     def _own_summary(self) -> str:
