@@ -155,15 +155,24 @@ def rule(code_or_name: str) -> None:
     "--plot",
     type=click.Path(dir_okay=False),
     default=None,
-    help="Also train a tabular policy with each estimator and save the true KL curves as a PNG.",
+    help="Also train a tabular policy with each estimator and save the curves "
+    "(.png, .svg or .pdf by extension).",
 )
-def estimators(plot: str | None) -> None:
+@click.option(
+    "--format",
+    "output_format",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help="Output format of the table.",
+)
+def estimators(plot: str | None, output_format: str) -> None:
     """Print the exact verdicts of the canonical KL surrogates (needs torch)."""
     try:
         from kllint.harness import main_estimators
     except ImportError as exc:  # pragma: no cover - depends on the install
         _fail(f"estimators needs torch: pip install 'kllint[confirm]' ({exc})")
-    raise SystemExit(main_estimators(plot))
+    raise SystemExit(main_estimators(plot, output_format))
 
 
 @main.command("rules")

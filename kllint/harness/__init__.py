@@ -51,21 +51,23 @@ def estimator_table() -> list[Row]:
 
 
 def plot_training(path: str) -> None:
-    from kllint.harness.estimators import plot_training as plot
+    """Write the training figure of ``kllint estimators --plot`` to ``path``."""
+    from kllint.harness.estimators import estimator_table as table
+    from kllint.harness.figure import plot
 
-    plot(path)
+    plot(path, table())
 
 
-def main_estimators(plot: str | None = None) -> int:
-    """``kllint estimators [--plot out.png]``: print the table, optionally plot.
-    Returns 0, or 2 when torch (or matplotlib, for the plot) is missing or the
-    figure cannot be written."""
+def main_estimators(plot: str | None = None, output_format: str = "text") -> int:
+    """``kllint estimators [--plot out.png|svg|pdf] [--format json]``: print
+    the table, optionally plot. Returns 0, or 2 when torch (or matplotlib,
+    for the plot) is missing or the figure cannot be written."""
     try:
-        from kllint.harness.estimators import main_estimators as main
+        from kllint.harness.study import main_estimators as main
     except ImportError as exc:
         print(
             f"kllint: estimators needs {exc.name or 'torch'}: pip install 'kllint[confirm]'",
             file=sys.stderr,
         )
         return 2
-    return main(plot)
+    return main(plot, output_format)
