@@ -585,7 +585,9 @@ def test_a_discount_kept_in_the_returns_loop_biases_a_kl_reward() -> None:
     def loss(logp: list[torch.Tensor], ref: list[torch.Tensor]) -> torch.Tensor:
         total = torch.zeros((), dtype=torch.float64)
         for t in range(len(logp)):
-            to_go = sum(gamma ** (s - t) * float((logp[s] - ref[s]).detach()) for s in range(t, len(logp)))
+            to_go = sum(
+                gamma ** (s - t) * float((logp[s] - ref[s]).detach()) for s in range(t, len(logp))
+            )
             total = total + to_go * logp[t]
         return total
 
