@@ -633,3 +633,30 @@ def test_a_coefficient_inside_a_nonlinearity_is_evaluated_over_a_range() -> None
     for target in tabular.cached_targets(tabular.VARIABLE_LENGTH, 0).gradients.values():
         best = (brute @ target) / (target @ target)
         assert float((brute - best * target).norm() / (best * target).norm()) > 0.05
+
+
+def test_a_forgotten_mask_shows_on_padded_positions() -> None:
+    # Padded positions carry the model's log-probs (not 0): summing k2 over
+    # every position, padding included, is not what the masked sum computes.
+    unmasked = ir.Reduce("sum", Axis.TIME, k2)
+    c = confirm_site(unmasked)
+    assert c.instances["sequences"].verdict == "partial"  # no padding at a fixed length
+    assert c.instances["variable_length"].verdict == "biased"
+    assert confirm_site(masked_sum(k2)).instances["variable_length"].verdict == "partial"
+
+
+def test_off_policy_a_token_ratio_corrects_the_token_not_its_prefix() -> None:
+    # Samples from pi_old a few updates behind. pi_t / pi_old_t * k3_t
+    # reweights each token but not the prefix it was drawn after: biased
+    # off-policy, though partial on-policy. The sequence ratio
+    # pi(y) / pi_old(y) times the summed k3 is E_pi[sum_t k3_t] = KL(pi||pi_ref)
+    # exactly, so its gradient is correct on- and off-policy.
+    token_ratio = confirm_site(masked_sum(mul(ratio, k3)))
+    assert token_ratio.instances["variable_length_near"].verdict == "partial"
+    assert token_ratio.instances["off_policy"].verdict == "biased"
+    sequence_ratio = exp(sub(masked_sum(policy_logp), masked_sum(old_logp)))
+    whole = confirm_site(mul(sequence_ratio, masked_sum(k3)))
+    assert whole.instances["variable_length_near"].verdict == "correct"
+    assert whole.instances["off_policy"].verdict == "correct"
+    # Without a behaviour policy in the term there is no off-policy regime.
+    assert "off_policy" not in confirm_site(masked_sum(k3)).instances
