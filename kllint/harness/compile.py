@@ -54,7 +54,7 @@ import torch
 
 from kllint.analysis import ir
 from kllint.analysis.ir import Axis, Level, Role
-from kllint.harness.prepare import unreadable
+from kllint.harness.prepare import unreadable, zero
 from kllint.harness.tabular import DTYPE, Rows, token_logp
 
 
@@ -148,10 +148,8 @@ def nonlinear_coefficients(term: ir.Node) -> list[str]:
             if node.op in ("add", "sub"):
                 # Adding a constant leaves the gradient alone; two terms
                 # weighted against each other do not.
-                left_only = not any(True for _ in node.right.atoms())
-                right_only = not any(True for _ in node.left.atoms())
-                visit(node.left, scale and left_only)
-                visit(node.right, scale and right_only)
+                visit(node.left, scale and zero(node.right))
+                visit(node.right, scale and zero(node.left))
                 return
             # A coefficient in a denominator (``/ n_tokens``) is a positive scale.
             visit(node.left, scale and node.op in ("mul", "div"))
@@ -175,15 +173,9 @@ def batch_size_coefficients(term: ir.Node) -> list[str]:
     """Coefficients that are the batch's size (``returns.shape[0]``,
     ``len(batch)``): B at batch size B, and without a value in the
     large-batch limit (a leave-one-out baseline divides by B - 1)."""
-    names: list[str] = []
-    for atom in term.atoms():
-        if (
-            atom.role is Role.COEFFICIENT
-            and any(w in atom.name for w in _BATCH_SIZE_WORDS)
-            and atom.name not in names
-        ):
-            names.append(atom.name)
-    return names
+    # Only where it is not a positive factor of the whole term (``len(data) /
+    # mini_batch_size`` weighs micro-batches): there it is a scale like any.
+    return [n for n in nonlinear_coefficients(term) if any(w in n for w in _BATCH_SIZE_WORDS)]
 
 
 def batch_nonlinear(term: ir.Node) -> bool:

@@ -50,9 +50,10 @@ def factor_nodes(term: ir.Node) -> Iterator[ir.Node]:
             yield from visit(node.left)
             yield from visit(node.right)
         elif isinstance(node, ir.Binary) and node.op in ("add", "sub"):
-            if not any(True for _ in node.right.atoms()) and not _opaque(node.right):
+            # Adding 0 keeps a scale; ``n - 1`` may be 0 or negative.
+            if zero(node.right):
                 yield from visit(node.left)
-            elif not any(True for _ in node.left.atoms()) and not _opaque(node.left):
+            elif zero(node.left):
                 yield from visit(node.right)
         elif isinstance(node, ir.Reduce) and node.mask is None:
             yield from visit(node.arg)
@@ -60,8 +61,23 @@ def factor_nodes(term: ir.Node) -> Iterator[ir.Node]:
     yield from visit(term)
 
 
-def _opaque(node: ir.Node) -> bool:
-    return any(isinstance(n, ir.Opaque) for n in node.walk())
+def zero(node: ir.Node) -> bool:
+    """A constant expression equal to 0 (``0.9 * 0`` left by a scan)."""
+    return _constant(node) == 0.0
+
+
+def _constant(node: ir.Node) -> float | None:
+    if isinstance(node, ir.Const):
+        return node.value
+    if isinstance(node, ir.Unary) and node.op == "neg":
+        inner = _constant(node.arg)
+        return None if inner is None else -inner
+    if isinstance(node, ir.Binary) and node.op in ("add", "sub", "mul"):
+        a, b = _constant(node.left), _constant(node.right)
+        if a is None or b is None:
+            return None
+        return a + b if node.op == "add" else a - b if node.op == "sub" else a * b
+    return None
 
 
 def prepare(term: ir.Node) -> tuple[ir.Node, list[str], set[str]]:
