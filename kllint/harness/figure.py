@@ -176,6 +176,6 @@ def _draw(
         ha="center",
         fontsize=8.5,
     )
-    fig.tight_layout(rect=(0, 0.02, 1, 0.915))
+    fig.subplots_adjust(left=0.08, right=0.98, bottom=0.08, top=0.85, hspace=0.3, wspace=0.25)
     fig.savefig(path, dpi=100)
     plt.close(fig)
