@@ -12,7 +12,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import NoReturn
 
 import click
 
@@ -21,7 +21,7 @@ from kllint.cache import Cache
 from kllint.config import ConfigError, Settings, describe_settings, load_settings
 from kllint.discovery import discover
 from kllint.engine import MissingPathError, display_path, lint_paths, lint_source
-from kllint.findings import Finding, LintResult
+from kllint.findings import LintResult
 from kllint.reporters import FORMATS, render
 from kllint.reporters import text as reporters_text
 from kllint.reporters.common import location
@@ -304,9 +304,18 @@ def rule(code_or_name: str) -> None:
     "--plot",
     type=click.Path(dir_okay=False),
     default=None,
-    help="Also train a tabular policy with each estimator and save the true KL curves as a PNG.",
+    help="Also train a tabular policy with each estimator and save the curves "
+    "(.png, .svg or .pdf by extension).",
 )
-def estimators(plot: str | None) -> None:
+@click.option(
+    "--format",
+    "output_format",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help="Output format of the table.",
+)
+def estimators(plot: str | None, output_format: str) -> None:
     """Print the exact verdicts of the canonical KL surrogates (needs torch)."""
     # Checked before importing anything, so a missing extra is one line and exit 2.
     _require("torch", "estimators", "confirm")
@@ -314,7 +323,7 @@ def estimators(plot: str | None) -> None:
         _require("matplotlib", "--plot", "plot")
     from kllint.harness import main_estimators
 
-    raise SystemExit(main_estimators(plot))
+    raise SystemExit(main_estimators(plot, output_format))
 
 
 @main.command("rules")
@@ -329,21 +338,12 @@ def _confirm(result: LintResult) -> None:
     """Run the torch harness on the findings (it fills ``Finding.confirmation``).
     Imported here: torch takes seconds to import and is an optional extra."""
     _require("torch", "--confirm", "confirm")
+    from kllint.harness import confirm_findings
+
     try:
-        harness = importlib.import_module("kllint.harness")
-    except ModuleNotFoundError as err:
-        if err.name is not None and not err.name.startswith("kllint"):
-            _fail(f"--confirm needs {err.name}: pip install 'kllint[confirm]'")
-        _fail("--confirm is not available: this kllint has no confirmation harness")
-    confirm_findings: Any = getattr(harness, "confirm_findings", None)
-    if confirm_findings is None:
-        _fail("--confirm is not available: kllint.harness has no confirm_findings yet")
-    try:
-        confirmed = confirm_findings(result.findings)
+        confirm_findings(result.findings)
     except Exception as err:
         _fail(f"error: --confirm failed: {type(err).__name__}: {err} (a bug in kllint)")
-    if confirmed is not None:  # it may also fill the findings in place
-        result.findings = sorted(confirmed, key=Finding.sort_key)
 
 
 def _require(module: str, feature: str, extra: str) -> None:

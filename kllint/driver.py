@@ -11,7 +11,7 @@ from __future__ import annotations
 import ast
 import re
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import libcst as cst
@@ -82,7 +82,7 @@ def check_source(source: str, path: str, project: Project, roles: RolePatterns) 
     if not verdicts:
         return []
     _place([v.site.origin for v in verdicts], module)
-    return sorted((_finding(v.rule, v.site) for v in verdicts), key=Finding.sort_key)
+    return sorted((_finding(v.rule, v.site, v.alternatives) for v in verdicts), key=Finding.sort_key)
 
 
 def _syntax_check(source: str, path: str) -> None:
@@ -107,6 +107,9 @@ class _Verdict:
     rule: Rule
     site: KLSite
     branches: list[str]
+    # The same finding's KL sites on the other branches that reach it
+    # (``if mask is None`` in a helper): ``--confirm`` measures each.
+    alternatives: list[KLSite] = field(default_factory=list)
 
 
 def _judged(sinks: list[Sink]) -> list[Sink]:
@@ -160,7 +163,12 @@ def _verdicts(sinks: list[Sink], path: str) -> list[_Verdict]:
                 for rule in RULES.values():
                     if rule.check(site):
                         key = (rule.code, id(site.origin.cst_node))
-                        best.setdefault(key, _Verdict(rule, site, [])).branches.append(branch)
+                        verdict = best.setdefault(key, _Verdict(rule, site, []))
+                        verdict.branches.append(branch)
+                        if site.term is not verdict.site.term and all(
+                            s.term is not site.term for s in verdict.alternatives
+                        ):
+                            verdict.alternatives.append(site)
     for verdict in best.values():
         # A finding reached on several paths names only the conditions they share.
         shared = common_condition(verdict.branches)
@@ -226,7 +234,7 @@ def _place(origins: list[ir.Origin], module: cst.Module) -> None:
             origin.code = " ".join(module.code_for_node(node).split())
 
 
-def _finding(rule: Rule, site: KLSite) -> Finding:
+def _finding(rule: Rule, site: KLSite, alternatives: list[KLSite]) -> Finding:
     origin = site.origin
     line, column = origin.line or 1, origin.column or 1
     found = facts(site)
@@ -246,5 +254,6 @@ def _finding(rule: Rule, site: KLSite) -> Finding:
         fix_title=rule.fix_title,
         facts=found,
         site=site,
+        alternatives=alternatives,
         notes=[rule.reason(site), *origin.notes, *context_notes(site)],
     )

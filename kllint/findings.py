@@ -31,6 +31,9 @@ class Finding:
     # The KL site the finding is about (IR term and where it flows); the
     # harness confirms findings from it. Not serialised.
     site: KLSite | None = field(default=None, repr=False, compare=False)
+    # The same finding's KL sites on the other branches that reach it
+    # (``if mask is None`` in a helper), each confirmed. Not serialised.
+    alternatives: list[KLSite] = field(default_factory=list, repr=False, compare=False)
     # Filled by --confirm: {"verdict": ..., ...}
     confirmation: dict[str, Any] | None = None
     # In a notebook: the 1-based number of the cell (markdown cells count),

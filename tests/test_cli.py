@@ -234,15 +234,6 @@ def test_confirm_without_torch(monkeypatch: pytest.MonkeyPatch) -> None:
     assert result.output == "kllint: --confirm needs torch: pip install 'kllint[confirm]'\n"
 
 
-def test_confirm_without_the_harness(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "torch", types.ModuleType("torch"))
-    monkeypatch.setitem(sys.modules, "kllint.harness", None)
-    write("grpo.py", K3_LOSS)
-    result = kllint("--confirm", "grpo.py")
-    assert result.exit_code == 2
-    assert result.output.startswith("kllint: --confirm is not available")
-
-
 def test_confirm_attaches_the_harness_verdict(monkeypatch: pytest.MonkeyPatch) -> None:
     def confirm_findings(findings: list[Finding]) -> list[Finding]:
         for f in findings:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 import tempfile
 
@@ -13,7 +14,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from kllint.harness import main_estimators, tabular  # noqa: E402
+from kllint.harness import figure, main_estimators, tabular  # noqa: E402
 from kllint.harness.estimators import estimator_table, estimators, render_table  # noqa: E402
 from kllint.harness.training import optimum, rewards, train  # noqa: E402
 
@@ -28,18 +29,18 @@ MATHS = {
         "partial-wrong-direction",
         "partial-wrong-direction",
     ),
-    "score function, per token": ("correct", "partial", "partial"),
+    "score function, token": ("correct", "partial", "partial"),
     "score function, sequence": ("correct", "correct", "correct"),
     "reward-to-go": ("correct", "correct", "correct"),
-    "value-preserving k3 surrogate": ("correct", "correct", "correct"),
+    "value-preserving k3": ("correct", "correct", "correct"),
     "ratio * k1": ("correct", "partial", "partial"),
     "ratio * k3": ("correct", "partial", "partial"),
     "ratio * k2": ("biased", "biased", "biased"),
     "k3 as a reward": ("biased", "biased", "biased"),
-    "k3 of the sequence log-ratio": ("wrong-direction", "wrong-direction", "wrong-direction"),
-    "sequence k3: reward + loss": ("correct", "correct", "correct"),
-    "clamped k3 (max 1)": ("biased", "biased", "biased"),
-    "ratio * clamped k3 (max 1)": ("biased", "biased", "biased"),
+    "k3 of sequence log-ratio": ("wrong-direction", "wrong-direction", "wrong-direction"),
+    "k3(R) reward + loss": ("correct", "correct", "correct"),
+    "k3 clamped at 1": ("biased", "biased", "biased"),
+    "ratio * k3 clamped at 1": ("biased", "biased", "biased"),
     # fixed length: a scale (1/T); variable length: biased
     "reward-to-go / |y|": ("correct", "correct up to scale", "biased"),
     # a batch's token mean: 1/E|y| on every sequence, a scale
@@ -72,7 +73,7 @@ def test_k3_as_a_reward_is_the_difference_of_the_two_directions() -> None:
     )
 
 
-def test_the_table_prints_every_estimator_with_a_legend() -> None:
+def test_the_table_prints_every_estimator_with_a_legend_in_100_columns() -> None:
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         assert main_estimators(None) == 0
@@ -85,14 +86,24 @@ def test_the_table_prints_every_estimator_with_a_legend() -> None:
         "length",
         "variable",
         "length",
-        "surrogate",
-        "(per",
-        "sequence)",
     ]
+    assert max(len(line) for line in text.splitlines()) <= 100
     for e in estimators():
         assert e.name in text
     assert "G = reverse cumsum of sg(logr)" in text
     assert text == render_table(estimator_table()) + "\n"
+
+
+def test_the_table_as_json() -> None:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main_estimators(None, "json") == 0
+    records = json.loads(out.getvalue())
+    assert [r["estimator"] for r in records] == list(MATHS)
+    k3 = next(r for r in records if r["estimator"] == "k3 loss (low_var_kl)")
+    assert k3["verdicts"]["sequences"] == "partial-wrong-direction"
+    assert k3["verdicts"]["sequences_near"] == "partial-wrong-direction"
+    assert k3["regimes"]["sequences_near"].startswith("fixed length, near")
 
 
 def test_training_with_a_correct_estimator_reaches_the_regularised_optimum() -> None:
@@ -122,13 +133,43 @@ def test_training_on_the_kl_alone_with_k1_does_nothing() -> None:
     assert correct.kl[-1] < 1e-2 * correct.kl[0]
 
 
-def test_the_figure_is_written() -> None:
+def test_the_figure_says_only_what_its_curves_show() -> None:
+    # One training run for the claims and every output format.
+    trained, best, kl_star = figure.train_all(estimator_table())
+    assert figure.claims_hold(trained, best) == []
     with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "estimators.png")
-        with contextlib.redirect_stdout(io.StringIO()):
-            assert main_estimators(path) == 0
-        with open(path, "rb") as f:
-            assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+        magic = {".png": b"\x89PNG", ".svg": b"<?xml", ".pdf": b"%PDF"}
+        for extension, start in magic.items():
+            path = os.path.join(tmp, "estimators" + extension)
+            figure._draw(pyplot(), path, trained, best, kl_star, figure.STEPS)
+            with open(path, "rb") as f:
+                assert f.read(len(start)) == start
+
+
+def test_the_figure_claims_fail_on_curves_that_contradict_them() -> None:
+    trained, best, _ = figure.train_all(estimator_table(), steps=5)
+    # Five steps are not enough for anything to get anywhere.
+    wrong = figure.claims_hold(trained, best)
+    assert any("does not drive KL below" in w for w in wrong)
+    assert any("reward-to-go is" in w for w in wrong)
+
+
+def pyplot() -> object:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def test_a_figure_of_another_format_is_exit_code_2() -> None:
+    with (
+        contextlib.redirect_stdout(io.StringIO()),
+        contextlib.redirect_stderr(io.StringIO()) as err,
+    ):
+        assert main_estimators("estimators.jpg") == 2
+    assert ".png, .svg, .pdf" in err.getvalue()
 
 
 def test_an_unwritable_figure_is_exit_code_2() -> None:

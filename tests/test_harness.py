@@ -78,7 +78,8 @@ reward_to_go = ir.CumSum(sg(mul(log_ratio, mask)), reverse=True)
 
 def verdicts(c: Confirmation) -> tuple[str, str, str]:
     """(one action, fixed length, variable length)."""
-    return tuple(c.instances[name].verdict for name in tabular.INSTANCES)  # type: ignore[return-value]
+    names = (tabular.BANDIT, tabular.SEQUENCES, tabular.VARIABLE_LENGTH)
+    return tuple(c.instances[name].verdict for name in names)  # type: ignore[return-value]
 
 
 # ------------------------------------------------------------------ docs/maths.md, one action
@@ -87,7 +88,7 @@ def verdicts(c: Confirmation) -> tuple[str, str, str]:
 def test_k1_has_zero_expected_gradient() -> None:
     c = confirm_site(masked_sum(log_ratio))
     assert verdicts(c) == ("zero-gradient",) * 3
-    assert c.summary().startswith("confirmed: E[grad] = 0")
+    assert c.summary().startswith("zero-gradient: E[grad] = 0")
 
 
 def test_k3_loss_follows_the_reverse_kl() -> None:
@@ -103,8 +104,8 @@ def test_k3_of_the_sequence_log_ratio_is_wrong_direction_everywhere() -> None:
     c = confirm_site(sub(sub(exp(minus_r), minus_r), ir.Const(1.0)))
     assert verdicts(c) == ("wrong-direction",) * 3
     assert c.verdict == "wrong-direction"
-    assert c.summary().startswith("confirmed: E[grad] = grad KL(pi_ref||pi) (rel. err ")
-    assert "; distance to grad KL(pi||pi_ref): 0." in c.summary()
+    assert c.summary().startswith("wrong-direction: E[grad] = grad KL(pi_ref||pi) to ")
+    assert " away from grad KL(pi||pi_ref)" in c.summary()
 
 
 def test_sequence_level_atoms_are_the_masked_sum_over_time() -> None:
@@ -140,7 +141,7 @@ def test_importance_weighted_k1_is_correct_per_token() -> None:
 def test_importance_weighted_k2_is_biased() -> None:
     c = confirm_site(masked_sum(mul(ratio, k2)))
     assert verdicts(c) == ("biased",) * 3
-    assert c.summary().startswith("biased: E[grad] matches no target; nearest ")
+    assert c.summary().startswith("biased: biased on variable length, far: E[grad] is none of")
 
 
 def test_k3_as_a_reward_is_the_difference_of_the_two_gradients() -> None:
@@ -169,7 +170,7 @@ def test_a_clamp_that_is_never_active_changes_nothing() -> None:
 def test_reward_to_go_is_correct() -> None:
     c = confirm_site(masked_sum(mul(reward_to_go, policy_logp)))
     assert verdicts(c) == ("correct",) * 3
-    assert c.summary().startswith("confirmed: E[grad] = grad KL(pi||pi_ref) (rel. err ")
+    assert c.summary().startswith("correct: E[grad] = grad KL(pi||pi_ref) to ")
 
 
 def test_sequence_score_function_is_correct() -> None:
@@ -226,7 +227,7 @@ def test_a_ratio_of_batch_sums_is_a_batch_statistic_not_a_per_sequence_length() 
     )
     assert c.instances["bandit"].verdict == "wrong-direction"
     assert c.summary().startswith(
-        "confirmed: E[grad] = 0.335 x token-level partial grad KL(pi_ref||pi)"
+        "scaled: E[grad] = 0.335 x token-level partial grad KL(pi_ref||pi)"
     )
 
 
@@ -236,7 +237,10 @@ def test_a_coefficient_computed_from_the_batch_scales_the_gradient() -> None:
     adaptive = sg(ir.Reduce("mean", Axis.BATCH, masked_sum(log_ratio)))
     c = confirm_site(mul(adaptive, masked_sum(k2)))
     assert verdicts(c) == ("scaled",) * 3
-    assert c.up_to_scale == "partial"
+    # In a batch of 2 the coefficient includes each sample's own log-ratio:
+    # the large-batch limit is not what the code computes there.
+    assert c.main == "variable_length@B=2"
+    assert c.instances["variable_length@B=2"].verdict == "biased"
     for s in c.instances["variable_length"].seeds:
         assert s.factor == pytest.approx(s.kl, rel=1e-12)
 
@@ -247,8 +251,8 @@ def test_a_coefficient_computed_from_the_batch_scales_the_gradient() -> None:
 def test_a_coefficient_is_set_to_one_and_said_so() -> None:
     c = confirm_site(mul(beta, masked_sum(mul(reward_to_go, policy_logp))))
     assert c.verdict == "correct"
-    assert c.notes == ("coefficients set to 1: beta",)
-    assert "coefficients set to 1" in c.summary()
+    assert c.notes == ("beta set to 1: a positive factor of the whole term",)
+    assert "beta set to 1" in c.summary()
 
 
 def test_a_constant_factor_is_scaled_with_the_factor_reported() -> None:
@@ -271,11 +275,34 @@ def test_a_term_without_gradient_to_the_policy_is_zero() -> None:
 # ------------------------------------------------------------------ unconfirmed, never a guess
 
 
-def test_opaque_values_are_not_confirmed() -> None:
-    c = confirm_site(mul(ir.Opaque("call to my_kl_helper"), masked_sum(k3)))
+def test_an_unreadable_value_inside_the_estimate_is_not_confirmed() -> None:
+    c = confirm_site(masked_sum(exp(sub(ir.Opaque("my_kl_helper(...)"), policy_logp))))
     assert c.verdict == "unconfirmed"
-    assert "my_kl_helper" in c.summary()
+    assert "`my_kl_helper(...)` enters the KL term where kllint cannot tell" in c.summary()
     assert c.instances == {}
+
+
+def test_an_unreadable_factor_of_the_whole_term_is_a_scale_and_said_so() -> None:
+    # `/ self.gradient_accumulation`: a positive number kllint cannot read.
+    c = confirm_site(ir.Binary("div", masked_sum(k3), ir.Opaque("self.gradient_accumulation")))
+    assert c.verdict == "partial-wrong-direction"
+    assert "`self.gradient_accumulation`, unknown to kllint, scale the whole term" in c.summary()
+
+
+def test_an_unreadable_mask_is_recognised_by_how_it_normalises() -> None:
+    # verl: sum(k3 * response_mask) / sum(response_mask), the mask read from a
+    # dict the analysis cannot index: the padding mask by its use.
+    unknown = ir.Opaque("DictVal")
+    term = ir.Binary(
+        "div",
+        ir.Reduce("sum", Axis.ALL, mul(k3, unknown)),
+        ir.Reduce("sum", Axis.ALL, ir.Opaque("DictVal")),
+    )
+    c = confirm_site(term)
+    assert c.verdict == "scaled"
+    assert c.up_to_scale == "partial-wrong-direction"
+    assert "a value read from a dict taken as the padding mask" in c.summary()
+    assert "DictVal" not in c.summary()
 
 
 def test_advantages_are_not_confirmed() -> None:
@@ -287,7 +314,7 @@ def test_advantages_are_not_confirmed() -> None:
 
 def test_unknown_operations_are_not_confirmed() -> None:
     c = confirm_site(masked_sum(ir.Unary("sin", log_ratio)))
-    assert (c.verdict, c.reason) == ("unconfirmed", "unknown unary operation 'sin'")
+    assert (c.verdict, c.reason) == ("unconfirmed", "the operation sin() is not modelled")
 
 
 def test_values_outside_the_domain_are_not_confirmed() -> None:
@@ -301,8 +328,9 @@ def test_values_outside_the_domain_are_not_confirmed() -> None:
 
 def test_targets_are_far_apart_and_matches_are_exact() -> None:
     # The thresholds (verdict.py) rest on these two numbers: agreement is
-    # rounding (~1e-15) and distinct targets are >= 0.17 apart (measured:
-    # 0.171, KL vs its partial on fixed-length sequences at seed 2).
+    # rounding (~1e-15) and distinct targets are >= 0.076 apart (measured:
+    # 0.076 near the reference, where the two divergences come closer; 0.171
+    # far from it, KL vs its partial on fixed-length sequences at seed 2).
     separations = []
     for name in tabular.INSTANCES:
         for seed in SEEDS:
@@ -311,8 +339,8 @@ def test_targets_are_far_apart_and_matches_are_exact() -> None:
                 for b in gradients:
                     if a != b:
                         separations.append(measure(gradients[a], {b: gradients[b]})[b].rel_err)
-    assert min(separations) == pytest.approx(0.171, abs=0.002)
-    assert min(separations) > 1e5 * MATCH_TOLERANCE
+    assert min(separations) == pytest.approx(0.0759, abs=0.002)
+    assert min(separations) > 5e4 * MATCH_TOLERANCE
 
     exact = confirm_site(masked_sum(mul(reward_to_go, policy_logp)))
     worst = max(r.rel_err or 0.0 for r in exact.instances.values())
@@ -327,9 +355,10 @@ def test_the_bandit_partial_is_the_full_gradient() -> None:
     assert not inst.has_prefixes
 
 
-def test_instances_are_far_from_the_reference() -> None:
-    # Near the reference the two gradients agree to first order; at ~1 nat
-    # per action they differ by tens of per cent.
+def test_instances_are_far_from_or_near_the_reference_as_named() -> None:
+    # At ~1 nat per action the two gradients differ by tens of per cent; near
+    # the reference (~0.05 nat per token) they come closer, and training
+    # runs spend most of their steps there.
     for name in tabular.INSTANCES:
         for seed in SEEDS:
             inst = tabular.instance(name, seed)
@@ -337,7 +366,10 @@ def test_instances_are_far_from_the_reference() -> None:
             assert float(rows.weight.sum()) == pytest.approx(1.0, abs=1e-12)
             exact = tabular.cached_targets(name, seed)
             per_token = exact.kl / exact.expected_length  # measured: 0.47 to 1.19 nats
-            assert 0.4 < per_token < 1.3, (name, seed, per_token)
+            if name in (tabular.SEQUENCES_NEAR, tabular.VARIABLE_LENGTH_NEAR, tabular.OFF_POLICY):
+                assert 0.01 < per_token < 0.1, (name, seed, per_token)  # 0.03 to 0.06
+            else:
+                assert 0.4 < per_token < 1.3, (name, seed, per_token)
 
 
 def test_every_seed_agrees_and_the_worst_case_is_reported() -> None:
@@ -388,7 +420,9 @@ def test_one_confirmation_takes_milliseconds() -> None:
     for _ in range(5):
         confirm_site(term)
     per_confirmation = (time.perf_counter() - start) / 5
-    assert per_confirmation < 0.1  # ~6 ms measured on 2 cores: 3 instances x 3 seeds
+    # 6 regimes (off-policy: the ratio has a behaviour policy) x 3 seeds:
+    # ~30 ms measured on 2 shared cores.
+    assert per_confirmation < 0.25
 
 
 # ------------------------------------------------------------------ findings and serialisation
@@ -416,7 +450,7 @@ def test_confirm_findings_fills_each_finding() -> None:
     assert with_site.confirmation["instances"]["bandit"]["verdict"] == "wrong-direction"
     assert with_site.confirmation["summary"].startswith("confirmed: E[grad] = token-level partial")
     assert without_site.confirmation["verdict"] == "unconfirmed"
-    assert "no KL site" in without_site.confirmation["reason"]
+    assert "no KL expression" in without_site.confirmation["reason"]
     json.dumps([with_site.confirmation, without_site.confirmation], allow_nan=False)
 
 
@@ -432,3 +466,197 @@ def test_every_verdict_is_in_the_vocabulary_and_serialises() -> None:
         record = confirm_site(term).to_dict()
         assert record["verdict"] in VERDICTS
         json.loads(json.dumps(record, allow_nan=False))
+
+
+# ------------------------------------------------------------------ what the code computes
+
+
+def _brute_force_sequences(logits: torch.Tensor) -> list[tuple[tuple[int, ...], torch.Tensor]]:
+    """Every sequence of the variable-length instance with its log-prob under
+    ``logits``, enumerated here independently of the harness's tables."""
+    inst = tabular.instance(tabular.VARIABLE_LENGTH, 0)
+    row = {prefix: p for p, prefix in enumerate(inst.prefixes)}
+    table = torch.log_softmax(logits, dim=-1)
+    out = []
+    for y in inst.sequences:
+        logp = sum(table[row[y[:t]], y[t]] for t in range(len(y)))
+        out.append((y, logp))
+    return out
+
+
+def test_the_branch_a_helper_call_takes_is_confirmed() -> None:
+    # OpenRLHF's masked_mean: `if mask is None` is not the branch taken when
+    # a mask is passed. Divided by each sequence's own length, k1 has a
+    # non-zero expected gradient on variable lengths: a length reward.
+    from kllint.analysis.project import Project
+    from kllint.analysis.roles import RolePatterns
+    from kllint.driver import check_source
+
+    source = (
+        "def masked_mean(tensor, mask, dim=None):\n"
+        "    if mask is None:\n"
+        "        return tensor.mean(dim=dim)\n"
+        "    return (tensor * mask).sum(dim=dim) / mask.sum(dim=dim)\n\n\n"
+        "def compute_loss(logp, ref_logp, action_mask, kl_coef):\n"
+        "    kl = logp - ref_logp\n"
+        "    loss = kl_coef * masked_mean(kl, action_mask, dim=-1).mean()\n"
+        "    loss.backward()\n"
+    )
+    from pathlib import Path
+
+    (finding,) = check_source(source, "loss.py", Project([Path(".")]), RolePatterns())
+    confirm_findings([finding])
+    assert finding.confirmation is not None
+    assert finding.confirmation["outcome"] == "confirmed"
+    assert finding.confirmation["instances"]["variable_length"]["verdict"] == "biased"
+    assert finding.confirmation["instances"]["sequences"]["verdict"] == "zero-gradient"
+    assert "zero expected gradient" not in finding.message
+
+    # Independently: E[grad sum_t logp_t / |y|] by enumeration is not 0.
+    inst = tabular.instance(tabular.VARIABLE_LENGTH, 0)
+    theta = inst.policy_logits.clone().requires_grad_(True)
+    loss = sum(lp.detach().exp() * lp / len(y) for y, lp in _brute_force_sequences(theta))
+    (grad,) = torch.autograd.grad(loss, theta)
+    assert float(grad.norm()) > 1e-3
+
+
+def test_a_squared_batch_mean_is_one_over_b_times_the_kl_gradient() -> None:
+    # 0.5 * R.mean() ** 2 with R the sequence log-ratio: the large-batch
+    # limit has zero gradient, a batch of B has 1/B x grad KL(pi||pi_ref).
+    R = masked_sum(log_ratio)
+    c = confirm_site(
+        mul(ir.Const(0.5), ir.Binary("pow", ir.Reduce("mean", Axis.BATCH, R), ir.Const(2.0)))
+    )
+    assert c.instances["variable_length"].verdict == "zero-gradient"
+    b2 = c.instances["variable_length@B=2"]
+    assert (b2.verdict, b2.target) == ("scaled", KL)
+    assert b2.factor == pytest.approx(0.5, rel=1e-9)
+
+    # Independently: every pair of sequences, 0.5 * ((R1 + R2) / 2) ** 2.
+    inst = tabular.instance(tabular.VARIABLE_LENGTH, 0)
+    theta = inst.policy_logits.clone().requires_grad_(True)
+    pol = _brute_force_sequences(theta)
+    ref = _brute_force_sequences(inst.reference_logits)
+    p = [lp.detach().exp() for _, lp in pol]
+    r = [lp - lq for (_, lp), (_, lq) in zip(pol, ref, strict=True)]
+    loss = sum(
+        p[i] * p[j] * 0.5 * ((r[i] + r[j]) / 2) ** 2 for i in range(len(r)) for j in range(len(r))
+    )
+    (grad,) = torch.autograd.grad(loss, theta, retain_graph=True)
+    kl = sum(lp.exp() * (lp - lq) for (_, lp), (_, lq) in zip(pol, ref, strict=True))
+    (kl_grad,) = torch.autograd.grad(kl, theta)
+    assert torch.allclose(grad, 0.5 * kl_grad, atol=1e-12)
+
+
+def _brute_force_gradient(per_sequence_loss: object) -> tuple[torch.Tensor, torch.Tensor]:
+    """``E_{y ~ pi}[grad loss(y)]`` on the variable-length instance at seed 0,
+    by enumeration in plain Python, and grad KL(pi||pi_ref) the same way.
+    ``per_sequence_loss(logp, ref)`` gets the per-token log-prob lists."""
+    inst = tabular.instance(tabular.VARIABLE_LENGTH, 0)
+    row = {prefix: p for p, prefix in enumerate(inst.prefixes)}
+    theta = inst.policy_logits.clone().requires_grad_(True)
+    table = torch.log_softmax(theta, dim=-1)
+    ref_table = torch.log_softmax(inst.reference_logits, dim=-1)
+    loss = torch.zeros((), dtype=torch.float64)
+    kl = torch.zeros((), dtype=torch.float64)
+    for y in inst.sequences:
+        logp = [table[row[y[:t]], y[t]] for t in range(len(y))]
+        ref = [ref_table[row[y[:t]], y[t]] for t in range(len(y))]
+        weight = torch.stack(logp).sum().detach().exp()
+        loss = loss + weight * per_sequence_loss(logp, ref)  # type: ignore[operator]
+        total = torch.stack(logp).sum()
+        kl = kl + total.exp() * (total - torch.stack(ref).sum())
+    (grad,) = torch.autograd.grad(loss, theta, retain_graph=True)
+    (kl_grad,) = torch.autograd.grad(kl, theta)
+    return grad.reshape(-1), kl_grad.reshape(-1)
+
+
+def test_a_discount_kept_in_the_returns_loop_biases_a_kl_reward() -> None:
+    # G_t = x_t + 0.9 G_{t+1}: the discount weighs later tokens' KL less,
+    # so the score function of a k1 reward is no longer grad KL.
+    gamma = 0.9
+    discounted = ir.CumSum(sg(mul(log_ratio, mask)), reverse=True, discount=ir.Const(gamma))
+    c = confirm_site(masked_sum(mul(discounted, policy_logp)))
+    assert c.instances["sequences"].verdict == "biased"
+    assert c.instances["variable_length"].verdict == "biased"
+    undiscounted = confirm_site(masked_sum(mul(reward_to_go, policy_logp)))
+    assert undiscounted.verdict == "correct"
+
+    def loss(logp: list[torch.Tensor], ref: list[torch.Tensor]) -> torch.Tensor:
+        total = torch.zeros((), dtype=torch.float64)
+        for t in range(len(logp)):
+            to_go = sum(
+                gamma ** (s - t) * float((logp[s] - ref[s]).detach()) for s in range(t, len(logp))
+            )
+            total = total + to_go * logp[t]
+        return total
+
+    brute, kl_grad = _brute_force_gradient(loss)
+    inst = tabular.instance(tabular.VARIABLE_LENGTH, 0)
+    harness, _ = expected_gradient(
+        masked_sum(mul(discounted, policy_logp)),
+        inst.policy_logits,
+        inst.reference_logits,
+        tabular.cached_rows(tabular.VARIABLE_LENGTH, 0),
+    )
+    assert torch.allclose(harness, brute, atol=1e-12)
+    assert float((brute - kl_grad).norm() / kl_grad.norm()) > 0.05  # measured 0.08
+
+
+def test_a_coefficient_inside_a_nonlinearity_is_evaluated_over_a_range() -> None:
+    # (exp(a d) - 1) / a - d with d = ref - logp is k3 only at a = 1; at
+    # a = 0.5 its gradient is neither divergence's (an alpha-divergence).
+    a = ir.Atom(Role.COEFFICIENT, "alpha")
+    d = sub(reference_logp, policy_logp)
+    term = masked_sum(sub(ir.Binary("div", sub(exp(mul(a, d)), ir.Const(1.0)), a), d))
+    c = confirm_site(term)
+    assert c.instances["variable_length@alpha=0.5"].verdict == "biased"
+    assert c.instances["sequences@alpha=0.5"].verdict == "biased"
+    assert "alpha" not in " ".join(c.notes)  # not "set to 1"
+
+    def loss(logp: list[torch.Tensor], ref: list[torch.Tensor]) -> torch.Tensor:
+        return sum(
+            (torch.exp(0.5 * (r - lp)) - 1) / 0.5 - (r - lp)
+            for lp, r in zip(logp, ref, strict=True)
+        )  # type: ignore[return-value]
+
+    brute, _ = _brute_force_gradient(loss)
+    inst = tabular.instance(tabular.VARIABLE_LENGTH, 0)
+    harness, _ = expected_gradient(
+        term,
+        inst.policy_logits,
+        inst.reference_logits,
+        tabular.cached_rows(tabular.VARIABLE_LENGTH, 0),
+        coefficients={"alpha": 0.5},
+    )
+    assert torch.allclose(harness, brute, atol=1e-12)
+    for target in tabular.cached_targets(tabular.VARIABLE_LENGTH, 0).gradients.values():
+        best = (brute @ target) / (target @ target)
+        assert float((brute - best * target).norm() / (best * target).norm()) > 0.05
+
+
+def test_a_forgotten_mask_shows_on_padded_positions() -> None:
+    # Padded positions carry the model's log-probs (not 0): summing k2 over
+    # every position, padding included, is not what the masked sum computes.
+    unmasked = ir.Reduce("sum", Axis.TIME, k2)
+    c = confirm_site(unmasked)
+    assert c.instances["sequences"].verdict == "partial"  # no padding at a fixed length
+    assert c.instances["variable_length"].verdict == "biased"
+    assert confirm_site(masked_sum(k2)).instances["variable_length"].verdict == "partial"
+
+
+def test_off_policy_a_token_ratio_corrects_the_token_not_its_prefix() -> None:
+    # Samples from pi_old a few updates behind. pi_t / pi_old_t * k3_t
+    # reweights each token but not the prefix it was drawn after: biased
+    # off-policy, though partial on-policy. The sequence ratio
+    # pi(y) / pi_old(y) times the summed k3 is E_pi[sum_t k3_t] = KL(pi||pi_ref)
+    # exactly, so its gradient is correct on- and off-policy.
+    token_ratio = confirm_site(masked_sum(mul(ratio, k3)))
+    assert token_ratio.instances["variable_length_near"].verdict == "partial"
+    assert token_ratio.instances["off_policy"].verdict == "biased"
+    sequence_ratio = exp(sub(masked_sum(policy_logp), masked_sum(old_logp)))
+    whole = confirm_site(mul(sequence_ratio, masked_sum(k3)))
+    assert whole.instances["variable_length_near"].verdict == "correct"
+    assert whole.instances["off_policy"].verdict == "correct"
+    # Without a behaviour policy in the term there is no off-policy regime.
+    assert "off_policy" not in confirm_site(masked_sum(k3)).instances

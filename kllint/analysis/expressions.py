@@ -330,6 +330,19 @@ class Expressions(Frame):
         return selectors.condition_label(test, in_helper=self.depth > 0)
 
 
+def _tensor_like(value: Value) -> bool:
+    """A tensor expression, or an unknown value named or produced like one (a
+    mask, a log-prob, rollout data): never None where the code uses it."""
+    if isinstance(value, ir.Node):
+        return True
+    if not isinstance(value, Unknown):
+        return False
+    if value.logprob_op or value.stored:
+        return True
+    last = value.names[-1] if value.names else ""
+    return roles.weight_role(last) is Role.MASK or roles.is_logprob_name(last)
+
+
 def compare(operator: cst.BaseCompOp, left: Value, right: Value) -> bool | None:
     def literal(v: Value) -> tuple[bool, object]:
         if isinstance(v, Py):
@@ -344,6 +357,11 @@ def compare(operator: cst.BaseCompOp, left: Value, right: Value) -> bool | None:
 
     lok, lv = literal(left)
     rok, rv = literal(right)
+    if isinstance(operator, (cst.Is, cst.IsNot)) and (
+        (_tensor_like(left) and rok and rv is None) or (_tensor_like(right) and lok and lv is None)
+    ):
+        # A tensor argument (``mask`` passed to ``masked_mean``) is not None.
+        return isinstance(operator, cst.IsNot)
     if not (lok and rok):
         return None
     try:

@@ -155,7 +155,7 @@ class Interpreter(Calls):
         gamma * ret``) is a scan: the variable becomes the cumulative sum of
         what is added at each step, reversed for a backward loop. That is how
         per-token KL rewards reach advantages through GAE and returns loops.
-        Discounts are not modelled (they only scale later tokens' credit)."""
+        A discount (``ret = r + gamma * ret``) is kept on the scan."""
         direction = _time_loop_direction(statement)
         if isinstance(statement, cst.For):
             self.bind_loop_target(statement.target, statement.iter, statement)
@@ -189,7 +189,12 @@ class Interpreter(Calls):
                 )
             if isinstance(step, ir.Node) and ir.contains(step, placeholder):
                 added = ir.substitute(step, {id(placeholder): ir.Const(0.0)})
-                scan = ir.CumSum(added, reverse=reverse, origin=step.origin)
+                scan = ir.CumSum(
+                    added,
+                    reverse=reverse,
+                    discount=_discount_of(step, placeholder),
+                    origin=step.origin,
+                )
                 scans.setdefault(id(placeholder), scan)
                 scans[id(step)] = scan  # what was appended each step is the scan itself
                 return scan
@@ -652,3 +657,22 @@ def _walk_defs(body: cst.BaseSuite) -> Iterator[cst.FunctionDef]:
             yield statement
         elif isinstance(statement, (cst.If, cst.For, cst.While, cst.With, cst.Try)):
             yield from _walk_defs(statement.body)
+
+
+def _discount_of(step: ir.Node, carried: ir.Node) -> ir.Node | None:
+    """The factor of the carried value in a recurrence: ``gamma * lam`` in
+    ``delta + gamma * lam * lastgaelam``; None for 1 or a shape other than a
+    sum of terms with one scaled carried value."""
+    if step is carried:
+        return None
+    if isinstance(step, ir.Binary) and step.op == "add":
+        if ir.contains(step.left, carried) != ir.contains(step.right, carried):
+            side = step.left if ir.contains(step.left, carried) else step.right
+            return _discount_of(side, carried)
+    if isinstance(step, ir.Binary) and step.op == "mul":
+        if ir.contains(step.left, carried) != ir.contains(step.right, carried):
+            left_carries = ir.contains(step.left, carried)
+            inner, factor = (step.left, step.right) if left_carries else (step.right, step.left)
+            rest = _discount_of(inner, carried)
+            return factor if rest is None else ir.binary("mul", factor, rest)
+    return None

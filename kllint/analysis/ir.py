@@ -177,6 +177,9 @@ class CumSum(Node):
 
     arg: Node
     reverse: bool
+    # ``ret = r + gamma * ret``: G_t = x_t + discount * G_{t+1}; None for 1.
+    # Not a child: it weighs the scan, it is not summed by it.
+    discount: Node | None = None
 
     def children(self) -> tuple[Node, ...]:
         return (self.arg,)
@@ -288,7 +291,8 @@ def render(x: Node) -> str:
         masked = ", mask" if x.mask is not None else ""
         return f"{x.kind}_{x.axis.value}({render(x.arg)}{masked})"
     if isinstance(x, CumSum):
-        return f"{'reverse_' if x.reverse else ''}cumsum({render(x.arg)})"
+        discount = "" if x.discount is None else f", discount={render(x.discount)}"
+        return f"{'reverse_' if x.reverse else ''}cumsum({render(x.arg)}{discount})"
     return type(x).__name__
 
 
@@ -329,7 +333,7 @@ def _shape_uncached(node: Node) -> tuple[object, ...]:
     elif isinstance(node, Reduce):
         own = (node.kind, node.axis, node.mask is not None)
     elif isinstance(node, CumSum):
-        own = (node.reverse,)
+        own = (node.reverse, None if node.discount is None else structure(node.discount))
     else:
         own = ()
     # Children by an interned number: a DAG (``kl = kl + kl``) has a tree
@@ -372,7 +376,7 @@ def substitute(node: Node, mapping: dict[int, Node]) -> Node:
             origin=node.origin,
         )
     if isinstance(node, CumSum):
-        return CumSum(new[0], node.reverse, origin=node.origin)
+        return CumSum(new[0], node.reverse, node.discount, origin=node.origin)
     return node
 
 

@@ -211,7 +211,7 @@ def _split(node: ir.Node) -> list[ir.Node]:
             ir.Reduce(node.kind, node.axis, t, node.mask, origin=origin) for t in _split(node.arg)
         ]
     if isinstance(node, ir.CumSum):
-        return [ir.CumSum(t, node.reverse, origin=origin) for t in _split(node.arg)]
+        return [ir.CumSum(t, node.reverse, node.discount, origin=origin) for t in _split(node.arg)]
     if isinstance(node, ir.Binary):
         return _split_product(node)
     return [node]
@@ -354,4 +354,29 @@ def build_site(
         profile=gradient_profile,
         estimator=origin.estimate or estimator_name(focus),
         branch=branch,
+    )
+
+
+def length_normalised(term: ir.Node) -> bool:
+    """The term divides each sequence by its own length (``masked_mean`` over
+    time): on variable lengths a weight that depends on the sample, so the
+    expectation is none of the targets (k1 becomes a length reward)."""
+    for node in term.walk():
+        if (
+            isinstance(node, ir.Reduce)
+            and node.axis is ir.Axis.TIME
+            and node.kind == "mean"
+            and node.mask is not None
+        ):
+            return True
+        if isinstance(node, ir.Binary) and node.op == "div" and _sequence_length(node.right):
+            return True
+    return False
+
+
+def _sequence_length(node: ir.Node) -> bool:
+    """``mask.sum(-1)``: a sum over time of a mask, each sequence's length."""
+    return any(
+        isinstance(n, ir.Reduce) and n.axis is ir.Axis.TIME and n.arg.has_role(ir.Role.MASK)
+        for n in node.walk()
     )

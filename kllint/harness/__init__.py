@@ -15,6 +15,7 @@ from kllint.harness.verdict import VERDICTS, Confirmation
 
 if TYPE_CHECKING:
     from kllint.findings import Finding
+    from kllint.harness.claims import Claim
     from kllint.harness.estimators import Row
 
 __all__ = [
@@ -28,11 +29,12 @@ __all__ = [
 ]
 
 
-def confirm_site(site_or_term: Any) -> Confirmation:
-    """The verdict on a ``KLSite`` or an IR term (see :mod:`kllint.harness.confirm`)."""
+def confirm_site(site_or_term: Any, claim: Claim | None = None) -> Confirmation:
+    """The verdict on a ``KLSite`` or an IR term, checked against ``claim``
+    (see :mod:`kllint.harness.confirm`)."""
     from kllint.harness.confirm import confirm_site as confirm
 
-    return confirm(site_or_term)
+    return confirm(site_or_term, claim=claim)
 
 
 def confirm_findings(findings: Iterable[Finding]) -> None:
@@ -49,21 +51,23 @@ def estimator_table() -> list[Row]:
 
 
 def plot_training(path: str) -> None:
-    from kllint.harness.estimators import plot_training as plot
+    """Write the training figure of ``kllint estimators --plot`` to ``path``."""
+    from kllint.harness.estimators import estimator_table as table
+    from kllint.harness.figure import plot
 
-    plot(path)
+    plot(path, table())
 
 
-def main_estimators(plot: str | None = None) -> int:
-    """``kllint estimators [--plot out.png]``: print the table, optionally plot.
-    Returns 0, or 2 when torch (or matplotlib, for the plot) is missing or the
-    figure cannot be written."""
+def main_estimators(plot: str | None = None, output_format: str = "text") -> int:
+    """``kllint estimators [--plot out.png|svg|pdf] [--format json]``: print
+    the table, optionally plot. Returns 0, or 2 when torch (or matplotlib,
+    for the plot) is missing or the figure cannot be written."""
     try:
-        from kllint.harness.estimators import main_estimators as main
+        from kllint.harness.study import main_estimators as main
     except ImportError as exc:
         print(
             f"kllint: estimators needs {exc.name or 'torch'}: pip install 'kllint[confirm]'",
             file=sys.stderr,
         )
         return 2
-    return main(plot)
+    return main(plot, output_format)

@@ -7,11 +7,15 @@ imported or run: the IR is all the harness sees.
 
 Atoms are bound on the rows of a tabular instance (``tabular.Rows``):
 
-* ``policy_logp``   -> ``log pi(y_t | y_<t)``, ``[N, T]``, with gradient to the policy logits;
-* ``reference_logp`` -> ``log pi_ref(y_t | y_<t)``, frozen;
-* ``old_logp``      -> ``policy_logp`` detached (on-policy: fresh samples);
+* ``policy_logp``   -> ``log pi(y_t | y_<t)``, ``[N, T]``, with gradient to the policy
+  logits; padded positions carry the model's log-prob of a pad token (not 0);
+* ``reference_logp`` -> ``log pi_ref(y_t | y_<t)``, frozen, padded alike;
+* ``old_logp``      -> the log-prob under the policy that sampled the rows, detached
+  (``policy_logp`` detached on fresh samples);
 * ``mask``          -> 1 on real tokens, 0 on padding;
-* ``coefficient``   -> 1.0 (a positive constant scales every target alike);
+* ``coefficient``   -> its value from ``coefficients`` (1.0 by default: a positive
+  factor of the whole term scales every target alike; one inside a nonlinearity
+  is evaluated at several values, see :func:`nonlinear_coefficients`);
 * ``advantage``     -> refused: its value depends on the task, not on the KL.
 
 An atom of level ``sequence`` is the masked sum over time of its token values.
@@ -35,7 +39,10 @@ Values carry two flags: ``per_token`` (``[., T]`` rather than ``[., 1]``) and
 ``batch`` (reduced over the batch: one row, ``[1, .]``), so broadcasting lines
 per-row and batch values up as the code would. Finite-batch effects of order
 1/B (a ratio of batch sums, a baseline that includes the sample) are not
-modelled.
+modelled there; a term in which a batch statistic enters nonlinearly
+(``0.5 * R.mean() ** 2``, a baseline that includes the sample) is also
+evaluated at finite batch sizes, exactly, over every batch of ``B`` sequences
+(:func:`finite_batches`).
 """
 
 from __future__ import annotations
@@ -47,6 +54,7 @@ import torch
 
 from kllint.analysis import ir
 from kllint.analysis.ir import Axis, Level, Role
+from kllint.harness.prepare import unreadable, zero
 from kllint.harness.tabular import DTYPE, Rows, token_logp
 
 
@@ -78,39 +86,201 @@ _BINARY: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
 
 _REDUCTIONS = ("sum", "mean")
 
+# What a coefficient the code does not fix is evaluated at when it enters
+# nonlinearly: small, moderate and large against 1 (beta = 0.04, alpha = 0.5, 2).
+COEFFICIENT_RANGE = (0.1, 0.5, 2.0)
+
 
 def check_supported(term: ir.Node) -> set[str]:
     """Walk the tree without torch; raise :class:`Unsupported` on anything
-    outside the whitelist. Returns the names of coefficient atoms (bound to 1)."""
+    outside the whitelist. Returns the names of coefficient atoms."""
     coefficients: set[str] = set()
     for node in term.walk():
         if isinstance(node, ir.Opaque):
-            raise Unsupported(f"the term contains a value the IR cannot represent ({node.reason})")
+            raise Unsupported(unreadable(node))
         if isinstance(node, ir.Atom):
             if node.role is Role.ADVANTAGE:
                 raise Unsupported(
-                    f"the term contains an advantage/reward ({node.name}) whose value depends on "
-                    "the task, not on the policy and reference"
+                    f"the term is weighted by `{node.name}` (an advantage or reward), whose value "
+                    "depends on the task, not on the policy and reference"
                 )
             if node.role is Role.COEFFICIENT:
                 coefficients.add(node.name)
         elif isinstance(node, ir.Unary):
             if node.op not in _UNARY:
-                raise Unsupported(f"unknown unary operation {node.op!r}")
+                raise Unsupported(f"the operation {node.op}() is not modelled")
         elif isinstance(node, ir.Binary):
             if node.op not in _BINARY:
-                raise Unsupported(f"unknown binary operation {node.op!r}")
+                raise Unsupported(f"the operation {node.op!r} is not modelled")
         elif isinstance(node, ir.Reduce):
             if node.kind not in _REDUCTIONS or not isinstance(node.axis, Axis):
-                raise Unsupported(f"unknown reduction {node.kind!r} over {node.axis!r}")
-        elif not isinstance(node, (ir.Const, ir.Clamp, ir.CumSum)):
-            raise Unsupported(f"unknown IR node {type(node).__name__}")
+                raise Unsupported(f"a {node.kind}() reduction is not modelled")
+        elif isinstance(node, ir.CumSum):
+            discount = _discount(node)
+            if discount is not None:
+                coefficients |= check_supported(discount)
+        elif not isinstance(node, (ir.Const, ir.Clamp)):
+            raise Unsupported(f"the expression `{ir.render(node)}` is not modelled")
     return coefficients
+
+
+def nonlinear_coefficients(term: ir.Node) -> list[str]:
+    """Coefficients that are not a positive factor of the whole term: inside
+    an ``exp``, a power, a denominator, or weighting one summand against
+    another. Setting those to 1 would judge another estimator
+    (``(exp(a d) - 1) / a - d`` is k3 only at a = 1)."""
+    found: list[str] = []
+
+    def visit(node: ir.Node, scale: bool) -> None:
+        if isinstance(node, ir.Atom):
+            if node.role is Role.COEFFICIENT and not scale and node.name not in found:
+                found.append(node.name)
+            return
+        if isinstance(node, ir.CumSum):
+            discount = _discount(node)
+            if discount is not None:
+                visit(discount, False)
+            visit(node.arg, scale)
+            return
+        if isinstance(node, ir.Unary):
+            visit(node.arg, scale and node.op in ("neg", "detach"))
+        elif isinstance(node, ir.Binary):
+            if node.op in ("add", "sub"):
+                # Adding a constant leaves the gradient alone; two terms
+                # weighted against each other do not.
+                visit(node.left, scale and zero(node.right))
+                visit(node.right, scale and zero(node.left))
+                return
+            # A coefficient in a denominator (``/ n_tokens``) is a positive scale.
+            visit(node.left, scale and node.op in ("mul", "div"))
+            visit(node.right, scale and node.op in ("mul", "div"))
+        elif isinstance(node, ir.Reduce):
+            visit(node.arg, scale)
+            if node.mask is not None:
+                visit(node.mask, False)
+        else:
+            for child in node.children():
+                visit(child, False)
+
+    visit(term, True)
+    return found
+
+
+_BATCH_SIZE_WORDS = ("shape", "size(", "len(", "numel", "batch_size")
+
+
+def batch_size_coefficients(term: ir.Node) -> list[str]:
+    """Coefficients that are the batch's size (``returns.shape[0]``,
+    ``len(batch)``): B at batch size B, and without a value in the
+    large-batch limit (a leave-one-out baseline divides by B - 1)."""
+    # Only where it is not a positive factor of the whole term (``len(data) /
+    # mini_batch_size`` weighs micro-batches): there it is a scale like any.
+    return [n for n in nonlinear_coefficients(term) if any(w in n for w in _BATCH_SIZE_WORDS)]
+
+
+def batch_nonlinear(term: ir.Node) -> bool:
+    """True when a statistic of the batch (a mean over sequences) enters the
+    term nonlinearly: its square, a product with another per-sequence value
+    (a baseline that includes the sample). Then the large-batch limit is not
+    what the code computes at any batch size, and finite batches are evaluated."""
+    found = False
+
+    def logps(node: ir.Node) -> bool:
+        # A token count (``mask.sum()``) normalises; it is the large-batch
+        # limit's constant, not a statistic of the log-probs.
+        return any(a.role not in (Role.COEFFICIENT, Role.MASK) for a in node.atoms())
+
+    def visit(node: ir.Node) -> bool:
+        """Whether ``node`` is (derived from) a batch statistic of the rows."""
+        nonlocal found
+        if isinstance(node, ir.Reduce):
+            inner = visit(node.arg)
+            if node.mask is not None:
+                visit(node.mask)
+            return inner or (node.axis in (Axis.BATCH, Axis.ALL) and logps(node.arg))
+        if isinstance(node, ir.Unary):
+            inner = visit(node.arg)
+            if inner and node.op not in ("neg", "detach"):
+                found = True
+            return inner
+        if isinstance(node, ir.Binary):
+            left, right = visit(node.left), visit(node.right)
+            if node.op in ("add", "sub"):
+                return left or right
+            if (
+                (node.op == "pow" and left)
+                or (left and logps(node.right))
+                or (right and logps(node.left))
+            ):
+                found = True
+            return left or right
+        if isinstance(node, ir.Clamp):
+            inner = visit(node.arg)
+            found = found or inner
+            return inner
+        return any([visit(c) for c in node.children()])
+
+    visit(term)
+    return found
+
+
+def _discount(node: ir.CumSum) -> ir.Node | None:
+    """The discount of a scan (``ret = r + gamma * ret``), None for 1."""
+    discount = getattr(node, "discount", None)
+    return discount if isinstance(discount, ir.Node) else None
+
+
+@dataclass(frozen=True)
+class Batches:
+    """Rows grouped into batches: ``[G, n, T]`` tensors, ``weight[g, i]`` the
+    row's weight within its batch and ``batch_weight[g]`` the batch's
+    probability. One batch holding every sequence with weights ``pi(y)`` is
+    the large-batch limit; every tuple of ``B`` sequences, weights ``1/B``
+    and ``prod pi(y_i)``, is the code at batch size ``B``, exactly."""
+
+    prefix_index: torch.Tensor  # [G, n, T] long
+    token: torch.Tensor  # [G, n, T] long
+    mask: torch.Tensor  # [G, n, T]
+    weight: torch.Tensor  # [G, n]
+    batch_weight: torch.Tensor  # [G]
+    # B for batches of B sequences; None for the large-batch limit, where a
+    # sum over the batch is its mean (the positive factor B dropped).
+    size: int | None = None
+
+    @property
+    def rows(self) -> Rows:
+        return Rows(self.prefix_index, self.token, self.mask, self.weight)
+
+
+def large_batch(rows: Rows) -> Batches:
+    return Batches(
+        rows.prefix_index.unsqueeze(0),
+        rows.token.unsqueeze(0),
+        rows.mask.unsqueeze(0),
+        (rows.weight / rows.weight.sum()).unsqueeze(0),
+        torch.ones(1, dtype=DTYPE),
+    )
+
+
+def finite_batches(rows: Rows, size: int) -> Batches:
+    """Every ordered batch of ``size`` sequences drawn independently from the
+    rows' distribution (``rows.weight``), exactly: ``N ** size`` batches."""
+    n = rows.weight.shape[0]
+    index = torch.cartesian_prod(*[torch.arange(n)] * size).reshape(-1, size)
+    probability = rows.weight / rows.weight.sum()
+    return Batches(
+        rows.prefix_index[index],
+        rows.token[index],
+        rows.mask[index],
+        torch.full(index.shape, 1.0 / size, dtype=DTYPE),
+        probability[index].prod(dim=1),
+        size,
+    )
 
 
 @dataclass
 class _Value:
-    tensor: torch.Tensor  # [N, T], [N, 1], [1, T] or [1, 1] (or [] for a constant)
+    tensor: torch.Tensor  # [G, n, T], [G, n, 1], [G, 1, T] or [G, 1, 1] (or [] for a constant)
     per_token: bool
     batch: bool  # reduced over the batch (or a constant): the same for every row
 
@@ -119,57 +289,93 @@ class _Value:
 class _Bindings:
     policy_logp: torch.Tensor
     reference_logp: torch.Tensor
-    rows: Rows
+    old_logp: torch.Tensor
+    batches: Batches
+    coefficients: dict[str, float]
     memo: dict[int, _Value] = field(default_factory=dict)
 
     @property
     def horizon(self) -> int:
-        return self.rows.mask.shape[1]
+        return self.batches.mask.shape[-1]
 
     def expectation(self, x: torch.Tensor) -> torch.Tensor:
-        """``E[x]`` over the rows with their weights, keeping a leading 1:
-        ``[N, k] -> [1, k]``. For an enumeration this is the exact expectation
-        under pi; for samples, the batch mean the code computes."""
-        weight = self.rows.weight.reshape(-1, 1)
-        return (weight * x).sum(dim=0, keepdim=True) / self.rows.weight.sum()
+        """The weighted mean over each batch's rows, keeping the axis:
+        ``[G, n, k] -> [G, 1, k]``. For the large-batch limit this is the
+        exact expectation under the sampling policy."""
+        weight = self.batches.weight.unsqueeze(-1)
+        return (weight * x).sum(dim=-2, keepdim=True)
 
 
 def expected_loss(
-    term: ir.Node, policy_logits: torch.Tensor, reference_logits: torch.Tensor, rows: Rows
+    term: ir.Node,
+    policy_logits: torch.Tensor,
+    reference_logits: torch.Tensor,
+    rows: Rows | Batches,
+    *,
+    behaviour_logits: torch.Tensor | None = None,
+    coefficients: dict[str, float] | None = None,
 ) -> torch.Tensor:
-    """The term's loss on the batch ``rows`` (a scalar), differentiable in
+    """The term's expected loss over ``rows`` (a scalar), differentiable in
     ``policy_logits``. With the enumerated rows its gradient is the exact
-    expected gradient of the code's loss."""
+    expected gradient of the code's loss. ``behaviour_logits``: the policy the
+    rows were sampled from, when not the policy itself (``old_logp``)."""
     check_supported(term)
+    batches = large_batch(rows) if isinstance(rows, Rows) else rows
+    flat = batches.rows
+    policy_logp = token_logp(policy_logits, flat, padded=True)
+    old_logp = (
+        policy_logp.detach()
+        if behaviour_logits is None
+        else token_logp(behaviour_logits, flat, padded=True)
+    )
     b = _Bindings(
-        policy_logp=token_logp(policy_logits, rows),
-        reference_logp=token_logp(reference_logits, rows),
-        rows=rows,
+        policy_logp=policy_logp,
+        reference_logp=token_logp(reference_logits, flat, padded=True),
+        old_logp=old_logp,
+        batches=batches,
+        coefficients=coefficients or {},
     )
     value = _evaluate(term, b)
     x = value.tensor
+    mask = batches.mask
     if value.batch:
-        loss = x.sum()  # a batch scalar, or a per-position vector summed over positions
+        # a batch scalar, or a per-position vector summed over positions
+        per_batch = torch.broadcast_to(x, (mask.shape[0], 1, x.shape[-1] if x.dim() else 1))
     elif value.per_token:
-        loss = b.expectation((x * rows.mask).sum(dim=1, keepdim=True)).sum()
+        per_batch = b.expectation((x * mask).sum(dim=-1, keepdim=True))
     else:
-        loss = b.expectation(torch.broadcast_to(x, (rows.mask.shape[0], 1))).sum()
+        per_batch = b.expectation(torch.broadcast_to(x, (*mask.shape[:2], 1)))
+    loss = (batches.batch_weight * per_batch.sum(dim=(-2, -1))).sum()
     if not torch.isfinite(loss):
         raise Unsupported(
-            "the term is not finite on the tabular instance (log or sqrt outside its domain?)"
+            "the term is not finite on the tabular instance (a log or sqrt of a negative "
+            "value, or an exp that overflows)"
         )
     return loss
 
 
 def expected_gradient(
-    term: ir.Node, policy_logits: torch.Tensor, reference_logits: torch.Tensor, rows: Rows
+    term: ir.Node,
+    policy_logits: torch.Tensor,
+    reference_logits: torch.Tensor,
+    rows: Rows | Batches,
+    *,
+    behaviour_logits: torch.Tensor | None = None,
+    coefficients: dict[str, float] | None = None,
 ) -> tuple[torch.Tensor, float]:
     """The gradient of :func:`expected_loss` (flattened over the logits) and
     its value. With the enumerated rows, weights ``pi(y)`` detached, a term
     linear in per-sequence values gets ``E_{y ~ pi}[grad term(y)]`` exactly:
     one backward pass."""
     theta = policy_logits.detach().clone().requires_grad_(True)
-    loss = expected_loss(term, theta, reference_logits, rows)
+    loss = expected_loss(
+        term,
+        theta,
+        reference_logits,
+        rows,
+        behaviour_logits=behaviour_logits,
+        coefficients=coefficients,
+    )
     grad = None
     if loss.requires_grad:
         (grad,) = torch.autograd.grad(loss, theta, allow_unused=True)
@@ -212,14 +418,33 @@ def _evaluate_node(node: ir.Node, b: _Bindings) -> _Value:
     if isinstance(node, ir.Reduce):
         return _reduce(node, b)
     if isinstance(node, ir.CumSum):
-        x = _evaluate(node.arg, b)
-        if not x.per_token:
-            raise Unsupported("a cumulative sum over time of a per-sequence value")
+        return _scan(node, b)
+    raise Unsupported(f"the expression `{ir.render(node)}` is not modelled")
+
+
+def _scan(node: ir.CumSum, b: _Bindings) -> _Value:
+    x = _evaluate(node.arg, b)
+    if not x.per_token:
+        raise Unsupported("a cumulative sum over time of a per-sequence value")
+    discount_node = _discount(node)
+    if discount_node is None:
         if node.reverse:
             # G_t = sum_{s >= t} x_s, the reward-to-go
-            return _Value(x.tensor.flip(1).cumsum(1).flip(1), True, x.batch)
-        return _Value(x.tensor.cumsum(1), True, x.batch)
-    raise Unsupported(f"unknown IR node {type(node).__name__}")
+            return _Value(x.tensor.flip(-1).cumsum(-1).flip(-1), True, x.batch)
+        return _Value(x.tensor.cumsum(-1), True, x.batch)
+    discount = _evaluate(discount_node, b)
+    if discount.per_token or not discount.batch:
+        raise Unsupported("a discount that changes from token to token or between sequences")
+    # G_t = x_t + gamma G_{t+1} (reverse), C_t = x_t + gamma C_{t-1} (forward).
+    steps = range(x.tensor.shape[-1])
+    order = reversed(steps) if node.reverse else steps
+    carried: torch.Tensor | None = None
+    out: dict[int, torch.Tensor] = {}
+    for t in order:
+        step = x.tensor[..., t]
+        carried = step if carried is None else step + discount.tensor * carried
+        out[t] = carried
+    return _Value(torch.stack([out[t] for t in steps], dim=-1), True, x.batch)
 
 
 def _atom(atom: ir.Atom, b: _Bindings) -> _Value:
@@ -228,15 +453,17 @@ def _atom(atom: ir.Atom, b: _Bindings) -> _Value:
     elif atom.role is Role.REFERENCE_LOGP:
         x = b.reference_logp
     elif atom.role is Role.OLD_LOGP:
-        x = b.policy_logp.detach()  # on-policy: the behaviour policy is the policy
+        x = b.old_logp
     elif atom.role is Role.MASK:
-        x = b.rows.mask
+        x = b.batches.mask
     elif atom.role is Role.COEFFICIENT:
-        return _Value(torch.tensor(1.0, dtype=DTYPE), per_token=False, batch=True)
+        value = b.coefficients.get(atom.name, 1.0)
+        return _Value(torch.tensor(value, dtype=DTYPE), per_token=False, batch=True)
     else:
-        raise Unsupported(f"an atom of role {atom.role.value} ({atom.name})")
+        raise Unsupported(f"`{atom.name}` ({atom.role.value.replace('_', ' ')}) is not modelled")
     if atom.level is Level.SEQUENCE:
-        return _Value((x * b.rows.mask).sum(dim=1, keepdim=True), per_token=False, batch=False)
+        mask = b.batches.mask
+        return _Value((x * mask).sum(dim=-1, keepdim=True), per_token=False, batch=False)
     return _Value(x, per_token=True, batch=False)
 
 
@@ -252,40 +479,44 @@ def _reduce(node: ir.Reduce, b: _Bindings) -> _Value:
         # Over the tokens of each sequence (or of a per-position batch vector).
         if not x.per_token:
             return x  # a per-sequence value has one entry over time
-        total = (x.tensor if m is None else x.tensor * m.tensor).sum(dim=1, keepdim=True)
+        total = (x.tensor if m is None else x.tensor * m.tensor).sum(dim=-1, keepdim=True)
         if not mean:
             return _Value(total, per_token=False, batch=x.batch)
         if m is None:
             return _Value(total / b.horizon, per_token=False, batch=x.batch)
         # Each sequence's own length: the per-sequence 1/|y| normalisation.
-        length = m.tensor.sum(dim=1, keepdim=True)
+        length = m.tensor.sum(dim=-1, keepdim=True)
         if (length <= 0).any():
             raise Unsupported("a masked mean over time of a sequence with no real token")
         return _Value(total / length, per_token=False, batch=x.batch)
     if x.batch:
         raise Unsupported("a reduction over the batch of a value already reduced over the batch")
+    # A sum over a batch of B sequences is B times its mean.
+    times = 1.0 if mean or b.batches.size is None else float(b.batches.size)
     if node.axis is Axis.BATCH:
         if not x.per_token:
-            return _Value(b.expectation(x.tensor), per_token=False, batch=True)
+            return _Value(times * b.expectation(x.tensor), per_token=False, batch=True)
         values = x.tensor if m is None else x.tensor * m.tensor
         if m is None or not mean:
-            return _Value(b.expectation(values), per_token=True, batch=True)
-        # sum_b x_bt m_bt / sum_b m_bt: E[x_t m_t] / E[m_t] per position.
+            return _Value(times * b.expectation(values), per_token=True, batch=True)
+        # sum_b x_bt m_bt / sum_b m_bt: E[x_t m_t] / E[m_t] per position;
+        # a position no sequence of the batch reaches contributes 0 / 0 := 0.
         count = b.expectation(m.tensor)
-        if (count <= 0).any():
-            raise Unsupported("a masked mean over the batch at a position no sequence reaches")
-        return _Value(b.expectation(values) / count, per_token=True, batch=True)
+        safe = torch.where(count > 0, count, torch.ones_like(count))
+        return _Value(b.expectation(values) / safe, per_token=True, batch=True)
     # Axis.ALL over per-row values: E over the rows of the sum over time.
     if not x.per_token:
-        return _Value(b.expectation(x.tensor), per_token=False, batch=True)
-    total = b.expectation((x.tensor if m is None else x.tensor * m.tensor).sum(dim=1, keepdim=True))
+        return _Value(times * b.expectation(x.tensor), per_token=False, batch=True)
+    total = b.expectation(
+        (x.tensor if m is None else x.tensor * m.tensor).sum(dim=-1, keepdim=True)
+    )
     if not mean:
-        return _Value(total, per_token=False, batch=True)
+        return _Value(times * total, per_token=False, batch=True)
     if m is None:
         return _Value(total / b.horizon, per_token=False, batch=True)
-    # sum_{b,t} x m / sum_{b,t} m on a large batch: E[sum_t x_t m_t] / E[|y|],
+    # sum_{b,t} x m / sum_{b,t} m: on a large batch E[sum_t x_t m_t] / E[|y|],
     # a positive constant times the per-sequence sum, not 1/|y|.
-    expected_length = b.expectation(m.tensor.sum(dim=1, keepdim=True))
+    expected_length = b.expectation(m.tensor.sum(dim=-1, keepdim=True))
     if (expected_length <= 0).any():
         raise Unsupported("a masked mean over the batch with no real token")
     return _Value(total / expected_length, per_token=False, batch=True)

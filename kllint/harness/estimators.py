@@ -9,12 +9,12 @@ checks.
 
 from __future__ import annotations
 
-import os
-import sys
+import textwrap
 from dataclasses import dataclass
 
 from kllint.analysis import ir
 from kllint.analysis.ir import Axis, Role
+from kllint.harness.regimes import label
 from kllint.harness.verdict import (
     BIASED,
     NEGATED,
@@ -155,7 +155,7 @@ def estimators() -> list[Estimator]:
         Estimator("k2 loss", token_sum(k2_token), "correct per token"),
         Estimator("k3 loss (low_var_kl)", token_sum(k3_token), "gradient of KL(pi_ref||pi)"),
         Estimator(
-            "score function, per token",
+            "score function, token",
             token_sum(mul(sg(log_ratio), policy_logp)),
             "sg(logr_t) * logp_t: correct per token",
         ),
@@ -170,7 +170,7 @@ def estimators() -> list[Estimator]:
             "sum_t sg(G_t) logp_t, G the reverse cumsum of logr",
         ),
         Estimator(
-            "value-preserving k3 surrogate",
+            "value-preserving k3",
             token_sum(add(sg(k3_token), mul(reward_to_go, sub(policy_logp, sg(policy_logp))))),
             "sg(k3_t) + G_t (logp_t - sg(logp_t)): logs k3, descends the KL",
         ),
@@ -187,22 +187,22 @@ def estimators() -> list[Estimator]:
             "sg(k3_t) * logp_t: grad KL(pi||pi_ref) - grad KL(pi_ref||pi) per token",
         ),
         Estimator(
-            "k3 of the sequence log-ratio",
+            "k3 of sequence log-ratio",
             k3_sequence,
             "k3(sum_t logr_t) as a loss",
         ),
         Estimator(
-            "sequence k3: reward + loss",
+            "k3(R) reward + loss",
             add(mul(sg(k3_sequence), sequence_logp), k3_sequence),
             "sg(k3(R)) * log pi(y) + k3(R): the two biases cancel",
         ),
         Estimator(
-            f"clamped k3 (max {K3_CLAMP:g})",
+            f"k3 clamped at {K3_CLAMP:g}",
             token_sum(ir.Clamp(k3_token, None, K3_CLAMP)),
             "clamp active at KL ~ 1 nat",
         ),
         Estimator(
-            f"ratio * clamped k3 (max {K3_CLAMP:g})",
+            f"ratio * k3 clamped at {K3_CLAMP:g}",
             token_sum(mul(ratio, ir.Clamp(k3_token, None, K3_CLAMP))),
             "the clamp alone biases a per-token-correct estimator",
         ),
@@ -262,7 +262,7 @@ def estimator_table() -> list[Row]:
 
 def cell(result: InstanceResult) -> str:
     """A verdict in a few words: ``correct x0.25`` (scaled), ``biased: correct -
-    wrong-direction`` (an exact mixture of targets), ``biased (~partial)`` (nearest)."""
+    wrong-direction`` (an exact mixture of targets), ``biased, nearest partial``."""
     if result.verdict == SCALED and result.target is not None and result.factor is not None:
         return f"{TARGET_VERDICT[result.target]} x{result.factor:.3g}"
     if result.verdict == NEGATED and result.target is not None and result.factor is not None:
@@ -275,78 +275,71 @@ def cell(result: InstanceResult) -> str:
         text = " ".join(parts)
         return "biased: " + (text[2:] if text.startswith("+ ") else text)
     if result.verdict == BIASED and result.target is not None:
-        return f"biased (~{TARGET_VERDICT[result.target]})"
+        return f"biased, nearest {TARGET_VERDICT[result.target]}"
     return result.verdict
 
 
+WIDTH = 100  # the table fits a terminal of this width
+_NAME_WIDTH = 24
+_CELL_WIDTH = 23
+REGIME_COLUMNS = ("one action", "fixed length", "variable length")
+
+
 def render_table(rows: list[Row]) -> str:
-    """The table as text: one line per estimator, its verdict on one action,
-    fixed-length and variable-length sequences, and its formula."""
-    header = (
-        "estimator",
-        "one action",
-        "fixed length",
-        "variable length",
-        "surrogate (per sequence)",
-    )
-    lines = [
-        (r.name, cell(r.one_action), cell(r.sequences), cell(r.variable_length), r.formula)
-        for r in rows
-    ]
-    widths = [max(len(line[i]) for line in [header, *lines]) for i in range(4)]
-
-    def fmt(line: tuple[str, ...]) -> str:
-        return (
-            "  ".join(text.ljust(w) for text, w in zip(line[:4], widths, strict=True))
-            + "  "
-            + line[4]
+    """The table as text, at most :data:`WIDTH` columns: per estimator its
+    verdict on one action, fixed-length and variable-length sequences (a
+    long verdict wraps within its column), then its formula."""
+    header = ("estimator", *REGIME_COLUMNS)
+    out = [_line(header), _line(tuple("-" * w for w in _widths()))]
+    for r in rows:
+        cells = [
+            textwrap.wrap(text, w, break_on_hyphens=False) or [""]
+            for text, w in zip(
+                (r.name, cell(r.one_action), cell(r.sequences), cell(r.variable_length)),
+                _widths(),
+                strict=True,
+            )
+        ]
+        for i in range(max(len(c) for c in cells)):
+            out.append(_line(tuple(c[i] if i < len(c) else "" for c in cells)))
+        out.extend(
+            textwrap.wrap(r.formula, WIDTH, initial_indent="    = ", subsequent_indent="      ")
         )
-
-    out = [fmt(header), fmt((*("-" * w for w in widths), "-" * 24))]
-    out += [fmt(line) for line in lines]
     out.append("")
-    out.append(LEGEND + ".")
-    out.append(
-        "correct = grad KL(pi||pi_ref); wrong-direction = grad KL(pi_ref||pi); partial = the token-level "
-        "partial gradient of KL(pi||pi_ref) (prefix distribution held fixed); v x<c> = verdict v up to a positive factor c; "
-        "biased (~v) = matches no target, nearest v."
-    )
-    out.append(
-        "Exact expectations on tabular policies, logits N(0, 1) (KL ~ 1 nat per action): K = 100 "
-        "actions; vocabulary 4, length 4 (256 sequences); with an end token, lengths 1-4 (121); "
-        "3 seeds agree on every verdict."
-    )
+    for paragraph in (
+        LEGEND + ".",
+        "correct = grad KL(pi||pi_ref); wrong-direction = grad KL(pi_ref||pi); partial = "
+        "the token-level partial gradient of KL(pi||pi_ref) (prefix distribution held "
+        "fixed); v x<c> = verdict v up to a positive factor c; biased: a - b = exactly "
+        "target a minus target b; biased, nearest v = matches no target, nearest v.",
+        "Exact expectations on tabular policies, logits N(0, 1) (KL ~ 1 nat per token): "
+        "K = 100 actions; vocabulary 4, length 4 (256 sequences); with an end token, "
+        "lengths 1-4 (121), padding with non-zero log-probs; 3 seeds agree on every "
+        "verdict. `kllint estimators --format json` adds the regimes near the reference.",
+    ):
+        out.extend(textwrap.wrap(paragraph, WIDTH))
     return "\n".join(out)
 
 
-def main_estimators(plot: str | None = None) -> int:
-    """Print the table and, with ``plot``, write the training figure there.
-    Returns 0, or 2 when the figure cannot be written."""
-    if plot is not None and not os.path.isdir(os.path.dirname(os.path.abspath(plot))):
-        # Fail before the table and seconds of training, not after.
-        print(f"kllint: cannot write {plot}: no such directory", file=sys.stderr)
-        return 2
-    print(render_table(estimator_table()))
-    if plot is not None:
-        try:
-            plot_training(plot)
-        except ImportError as exc:
-            print(
-                f"kllint: --plot needs {exc.name or 'matplotlib'}: pip install 'kllint[confirm]'",
-                file=sys.stderr,
-            )
-            return 2
-        except OSError as exc:
-            print(f"kllint: cannot write {plot}: {exc}", file=sys.stderr)
-            return 2
-        print(f"\nwrote {plot}")
-    return 0
+def _widths() -> tuple[int, ...]:
+    return (_NAME_WIDTH, _CELL_WIDTH, _CELL_WIDTH, _CELL_WIDTH)
 
 
-# ----------------------------------------------------------------- training
+def _line(cells: tuple[str, ...]) -> str:
+    return "  ".join(text.ljust(w) for text, w in zip(cells, _widths(), strict=True)).rstrip()
 
 
-def plot_training(path: str) -> None:
-    from kllint.harness.training import plot_training as plot
-
-    plot(path)
+def table_json(rows: list[Row]) -> list[dict[str, object]]:
+    """The table as JSON-serialisable records: per estimator its formula, its
+    verdict cell per regime and the full confirmation."""
+    return [
+        {
+            "estimator": r.name,
+            "formula": r.formula,
+            "note": r.note,
+            "verdicts": {name: cell(result) for name, result in r.confirmation.instances.items()},
+            "regimes": {name: label(name) for name in r.confirmation.instances},
+            "confirmation": r.confirmation.to_dict(),
+        }
+        for r in rows
+    ]

@@ -7,10 +7,16 @@ is a table of logits, one row per prefix it conditions on, so an expectation
 ``E_pi[f(y)] = sum_y pi(y) f(y)`` is a finite sum and its gradient is exact to
 float64 rounding.
 
-Logits and reference logits are drawn from N(0, 1): far enough apart that
-KL(pi||pi_ref) is about 1 nat, where the gradients of the two divergences
-differ by tens of per cent (near the reference they agree to first order, and a
-check there could not tell them apart).
+Each shape comes in the regimes training goes through (see
+:mod:`kllint.harness.regimes`): policy and reference logits drawn
+independently from N(0, 1), about 1 nat of KL per token (far from the
+reference, where clamps bite and the two divergences differ by tens of per
+cent); the reference a small perturbation of the policy, about 0.05 nat per
+token (near it, where training runs spend most of their steps); and samples
+drawn from a behaviour policy a few updates behind the policy (off-policy,
+for importance-weighted losses). Padded positions carry the log-prob the
+model gives a fixed token there, not 0, so a loss that forgets the mask
+shows it.
 """
 
 from __future__ import annotations
@@ -22,19 +28,30 @@ from functools import cache
 
 import torch
 
+from kllint.harness.regimes import BANDIT as BANDIT
+from kllint.harness.regimes import OFF_POLICY as OFF_POLICY
+from kllint.harness.regimes import REGIMES
+from kllint.harness.regimes import SEQUENCES as SEQUENCES
+from kllint.harness.regimes import SEQUENCES_NEAR as SEQUENCES_NEAR
+from kllint.harness.regimes import VARIABLE_LENGTH as VARIABLE_LENGTH
+from kllint.harness.regimes import VARIABLE_LENGTH_NEAR as VARIABLE_LENGTH_NEAR
 from kllint.harness.verdict import KL, PARTIAL_KL, PARTIAL_REVERSE_KL, REVERSE_KL
 
 DTYPE = torch.float64
 
-BANDIT = "bandit"
-SEQUENCES = "sequences"
-VARIABLE_LENGTH = "variable_length"
-INSTANCES = (BANDIT, SEQUENCES, VARIABLE_LENGTH)
+INSTANCES = REGIMES
 
 BANDIT_ACTIONS = 100
 VOCAB = 4
 HORIZON = 4
 EOS = 0  # the end-of-sequence token of the variable-length instance
+PAD = 1  # the token whose log-prob a padded position carries
+# Reference = policy + N(0, NEAR_SCALE^2) per logit: 0.05 nat of KL per token
+# on average (0.028 at 0.3, 0.087 at 0.5), the range of a KL-regularised run.
+NEAR_SCALE = 0.4
+# The behaviour policy of the off-policy instance: the policy minus a few
+# updates' worth of drift (0.02 nat per token between them).
+DRIFT_SCALE = 0.25
 
 
 @contextmanager
@@ -57,8 +74,10 @@ class Rows:
     ``prefix_index[n, t]`` is the row of the logit table token ``t`` is drawn
     from (the index of the prefix ``y_<t``), ``token[n, t]`` the token,
     ``mask[n, t]`` 1 on real tokens (the end-of-sequence token included) and 0
-    on padding. ``weight[n]`` is what the row counts for in an expectation:
-    ``pi(y)`` detached for an enumeration, ``1/n`` for samples.
+    on padding. A padded position reads the last real position's row and
+    the token ``PAD``: its log-prob is not 0 and has a gradient, as a model's
+    output there does. ``weight[n]`` is what the row counts for in an
+    expectation: ``pi(y)`` detached for an enumeration, ``1/n`` for samples.
     """
 
     prefix_index: torch.Tensor  # [N, T] long
@@ -81,6 +100,8 @@ class Instance:
     sequences: tuple[tuple[int, ...], ...]  # every sequence with non-zero probability
     policy_logits: torch.Tensor  # [P, V], the point theta at which gradients are taken
     reference_logits: torch.Tensor  # [P, V]
+    # The policy that sampled the rollouts, when it is not the policy itself.
+    behaviour_logits: torch.Tensor | None = None
 
     @property
     def has_prefixes(self) -> bool:
@@ -101,23 +122,31 @@ class Instance:
                 prefix_index[i, t] = row_of[y[:t]]
                 token[i, t] = y_t
                 mask[i, t] = 1.0
+            for t in range(len(y), horizon):
+                prefix_index[i, t] = row_of[y[: max(len(y) - 1, 0)]]
+                token[i, t] = PAD
         return Rows(prefix_index, token, mask, torch.ones(n, dtype=DTYPE))
 
 
-def token_logp(logits: torch.Tensor, rows: Rows) -> torch.Tensor:
-    """``log pi(y_t | y_<t)`` per token, ``[N, T]``, 0 on padding (with no
-    gradient there: padding is not sampled)."""
+def token_logp(logits: torch.Tensor, rows: Rows, *, padded: bool = False) -> torch.Tensor:
+    """``log pi(y_t | y_<t)`` per token, ``[N, T]``: 0 on padding, or with
+    ``padded`` what the model outputs there (what training code receives)."""
     table = torch.log_softmax(logits, dim=-1)
-    return table[rows.prefix_index, rows.token] * rows.mask
+    values = table[rows.prefix_index, rows.token]
+    return values if padded else values * rows.mask
 
 
-def enumerated(instance: Instance, policy_logits: torch.Tensor) -> Rows:
-    """Every sequence, weighted by its probability under the policy, detached:
+def enumerated(
+    instance: Instance, policy_logits: torch.Tensor, sampler: torch.Tensor | None = None
+) -> Rows:
+    """Every sequence, weighted by its probability under the policy that
+    samples it (``sampler``, the policy by default), detached:
     ``sum_n weight[n] * f(y_n)`` is ``E_{y ~ pi}[f(y)]`` exactly, and its
     autograd gradient is ``E[grad f]`` with no score term for the sampling."""
     rows = all_sequences(instance)
     with torch.no_grad():
-        weight = token_logp(policy_logits, rows).sum(dim=1).exp()
+        logits = policy_logits if sampler is None else sampler
+        weight = token_logp(logits, rows).sum(dim=1).exp()
     return Rows(rows.prefix_index, rows.token, rows.mask, weight)
 
 
@@ -193,22 +222,27 @@ def targets(instance: Instance, policy_logits: torch.Tensor) -> Targets:
 
 @cache
 def instance(name: str, seed: int) -> Instance:
-    """The instance ``name`` (``bandit``, ``sequences``, ``variable_length``)
-    with logits drawn from N(0, 1) by ``seed``. Cached: instances are immutable."""
+    """The instance ``name`` (one of :data:`INSTANCES`) with logits drawn by
+    ``seed``. Cached: instances are immutable."""
+    near = name in (SEQUENCES_NEAR, VARIABLE_LENGTH_NEAR, OFF_POLICY)
+    where = "near the reference (~0.05 nat per token)" if near else "~1 nat per token"
     if name == BANDIT:
         vocab, horizon, eos = BANDIT_ACTIONS, 1, None
-        description = f"one action: a bandit with K = {vocab} actions"
-    elif name == SEQUENCES:
+        description = f"one action: a bandit with K = {vocab} actions, {where}"
+    elif name in (SEQUENCES, SEQUENCES_NEAR):
         vocab, horizon, eos = VOCAB, HORIZON, None
         description = (
-            f"sequences: vocabulary {vocab}, length {horizon}, all {vocab**horizon} enumerated"
+            f"fixed length: vocabulary {vocab}, length {horizon}, all {vocab**horizon} "
+            f"sequences enumerated, {where}"
         )
-    elif name == VARIABLE_LENGTH:
+    elif name in (VARIABLE_LENGTH, VARIABLE_LENGTH_NEAR, OFF_POLICY):
         vocab, horizon, eos = VOCAB, HORIZON, EOS
         description = (
             f"variable length: vocabulary {vocab} with an end-of-sequence token, "
-            f"lengths 1 to {horizon}, every sequence enumerated"
+            f"lengths 1 to {horizon}, padding with non-zero log-probs, {where}"
         )
+        if name == OFF_POLICY:
+            description += ", sampled from a behaviour policy a few updates behind"
     else:
         raise ValueError(f"unknown instance {name!r}; expected one of {', '.join(INSTANCES)}")
     prefixes, sequences = _tree(vocab, horizon, eos)
@@ -216,6 +250,12 @@ def instance(name: str, seed: int) -> Instance:
     shape = (len(prefixes), vocab)
     policy_logits = torch.randn(shape, generator=generator, dtype=DTYPE)
     reference_logits = torch.randn(shape, generator=generator, dtype=DTYPE)
+    behaviour_logits = None
+    if near:
+        reference_logits = policy_logits + NEAR_SCALE * reference_logits
+    if name == OFF_POLICY:
+        drift = torch.randn(shape, generator=generator, dtype=DTYPE)
+        behaviour_logits = policy_logits - DRIFT_SCALE * drift
     return Instance(
         name,
         description,
@@ -227,7 +267,16 @@ def instance(name: str, seed: int) -> Instance:
         sequences,
         policy_logits,
         reference_logits,
+        behaviour_logits,
     )
+
+
+@cache
+def cached_rows(name: str, seed: int) -> Rows:
+    """Every sequence of instance ``name`` weighted by the policy that samples
+    it, at the instance's own logits (what a confirmation evaluates on)."""
+    inst = instance(name, seed)
+    return enumerated(inst, inst.policy_logits, inst.behaviour_logits)
 
 
 @cache

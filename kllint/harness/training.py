@@ -9,8 +9,10 @@ Monte-Carlo noise: a biased estimator fails with any batch size.
 Two problems:
 
 1. KL alone: descend the estimator's gradient from a policy ~2.8 nats from
-   the reference. A correct estimator drives KL(pi||pi_ref) to 0; k1 (zero
-   expected gradient) leaves it where it is.
+   the reference. Any estimator whose expected gradient vanishes only at
+   pi = pi_ref drives KL(pi||pi_ref) to 0, whatever divergence it follows
+   (k2, k3, the reward-to-go); k1 (zero expected gradient) leaves it where it
+   is, and k3 as a reward or an importance-weighted k2 stop elsewhere.
 2. Reward minus beta times the KL, from the reference: ascend
    ``grad E[r] - beta * E[grad surrogate]``. The regularised optimum is
    ``pi*(y) ∝ pi_ref(y) exp(r(y) / beta)``; a correct estimator converges to it,
@@ -25,7 +27,6 @@ the fixed points), so that late tokens learn as fast as early ones.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -107,86 +108,3 @@ def train(
             step = reward_grad + beta * step
         logits = logits + lr * step / _reach(inst, logits).clamp_min(1e-3)
     return Curve("", kls, objectives)
-
-
-# (estimator name in the table, line style): the lines the figure shows.
-PLOTTED = (
-    ("reward-to-go", "-"),
-    ("k2 loss", "-"),
-    ("k3 loss (low_var_kl)", "-"),
-    ("k3 of the sequence log-ratio", "--"),
-    ("k1 loss", "--"),
-    ("k3 as a reward", "--"),
-    ("ratio * k2", ":"),
-    ("reward-to-go / |y|", ":"),
-)
-
-
-def plot_training(path: str, steps: int = STEPS) -> None:
-    """Train with each estimator (exact expected gradients, no sampling) and
-    plot the true KL(pi||pi_ref), and the regularised objective's gap to its
-    optimum, against steps. Writes a PNG to ``path``."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from kllint.harness.estimators import cell, estimator_table
-
-    with tabular.single_threaded():
-        _plot(path, steps, plt, cell, estimator_table)
-
-
-def _plot(path: str, steps: int, plt: Any, cell: Any, estimator_table: Any) -> None:
-    table = {row.name: row for row in estimator_table()}
-    inst = tabular.instance(tabular.VARIABLE_LENGTH, SEED)
-    best, kl_star = optimum(inst, rewards(inst, SEED))
-    fig, (ax_alone, ax_kl, ax_gap) = plt.subplots(1, 3, figsize=(17, 6.2))
-    colors = plt.get_cmap("tab10").colors
-    for (name, style), color in zip(PLOTTED, colors[: len(PLOTTED)], strict=True):
-        row = table[name]
-        label = f"{name}: {cell(row.variable_length)}"
-        alone = train(row.confirmation_term, with_reward=False, steps=steps)
-        regularised = train(row.confirmation_term, with_reward=True, steps=steps)
-        width = 2.6 if name == "reward-to-go" else 1.6
-        ax_alone.plot([max(v, FLOOR) for v in alone.kl], style, color=color, lw=width, label=label)
-        ax_kl.plot(regularised.kl, style, color=color, lw=width, label=label)
-        ax_gap.plot(
-            [max(best - v, FLOOR) for v in regularised.objective], style, color=color, lw=width
-        )
-    ax_kl.axhline(
-        kl_star, color="black", lw=1, alpha=0.7, label="the optimum pi* ∝ pi_ref exp(r / beta)"
-    )
-    ax_alone.set(
-        yscale="log",
-        ylim=(FLOOR, 30),
-        xlabel="step",
-        ylabel="true KL(pi||pi_ref), nats",
-        title="1. minimise KL(pi||pi_ref) alone",
-    )
-    ax_kl.set(
-        xlabel="step",
-        ylabel="true KL(pi||pi_ref), nats",
-        title=f"2. maximise E[r] - {BETA:g} KL(pi||pi_ref), from pi_ref",
-    )
-    ax_gap.set(
-        yscale="log",
-        ylim=(FLOOR, 10),
-        xlabel="step",
-        ylabel=f"J* - J(pi),  J = E[r] - {BETA:g} KL(pi||pi_ref)",
-        title="2. distance to the regularised optimum",
-    )
-    for ax in (ax_alone, ax_kl, ax_gap):
-        ax.grid(alpha=0.3)
-    handles, labels = ax_kl.get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=9, frameon=False)
-    fig.suptitle(
-        "Training with each KL estimator's exact expected gradient (no sampling noise): "
-        "only a correct estimator reaches the target\n"
-        "tabular autoregressive policy, vocabulary 4 with an end token, up to 4 tokens "
-        "(121 sequences enumerated); legend: estimator and its harness verdict on variable lengths",
-        fontsize=11,
-    )
-    fig.tight_layout(rect=(0, 0.13, 1, 0.93))
-    fig.savefig(path, dpi=110)
-    plt.close(fig)

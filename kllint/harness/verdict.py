@@ -26,6 +26,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from kllint.harness.regimes import label as regime_label
+
 KL = "KL(pi||pi_ref)"
 REVERSE_KL = "KL(pi_ref||pi)"
 PARTIAL_KL = "partial KL(pi||pi_ref)"
@@ -75,12 +77,6 @@ ZERO_TOLERANCE = 1e-9
 MATCH_TOLERANCE = 1e-6
 # ... and the factor counts as 1 when |c - 1| is below this.
 FACTOR_TOLERANCE = 1e-6
-
-INSTANCE_LABEL = {
-    "bandit": "one action",
-    "sequences": "fixed length",
-    "variable_length": "variable length",
-}
 
 
 @dataclass(frozen=True)
@@ -174,7 +170,7 @@ class InstanceResult:
 
     @property
     def label(self) -> str:
-        return INSTANCE_LABEL.get(self.name, self.name)
+        return regime_label(self.name)
 
     @property
     def factors(self) -> tuple[float | None, ...]:
@@ -298,6 +294,15 @@ class Confirmation:
     seeds: tuple[int, ...] = ()
     notes: tuple[str, ...] = ()
     seconds: float = 0.0
+    main: str = "variable_length"  # the instance the headline reports
+    # Against the rule's claim (kllint.harness.claims): "confirmed",
+    # "contradicted" or "unconfirmed"; None when nothing was claimed.
+    outcome: str | None = None
+    claim: str | None = None  # the rule's claim, in words
+    contradictions: tuple[str, ...] = ()
+    branch: str = ""  # the branch condition this alternative is taken under
+    # The other branches the same finding is reached on, each confirmed.
+    alternatives: tuple[Confirmation, ...] = ()
 
     @property
     def up_to_scale(self) -> str:
@@ -309,12 +314,12 @@ class Confirmation:
 
     @property
     def overall(self) -> InstanceResult | None:
-        return self.instances.get("variable_length")
+        return self.instances.get(self.main)
 
-    def summary(self) -> str:
-        """One line: the verdict, the evidence, and the instances that differ."""
+    def evidence(self) -> str:
+        """The numbers: the main instance, then the instances that differ."""
         if self.verdict == UNCONFIRMED:
-            return f"unconfirmed: {self.reason}"
+            return str(self.reason)
         main = self.overall
         assert main is not None
         text = _headline(main)
@@ -329,9 +334,40 @@ class Confirmation:
             text += " (" + "; ".join(self.notes) + ")"
         return text
 
+    def summary(self) -> str:
+        """One line: the outcome against the claim first, then the numbers;
+        each other branch of the finding after it."""
+        text = self._own_summary()
+        shown = {text}
+        for other in self.alternatives:
+            own = other._own_summary()
+            if own not in shown:  # branches with the same numbers are said once
+                shown.add(own)
+                text += f" | if {other.branch or 'otherwise'}: {own}"
+        return text
+
+    def _own_summary(self) -> str:
+        if self.verdict == UNCONFIRMED:
+            return f"unconfirmed: {self.reason}"
+        if self.outcome is None:
+            return f"{self.verdict}: {self.evidence()}"
+        if self.contradictions:
+            return (
+                f"{self.outcome}: the rule claims {self.claim}, but "
+                + "; ".join(self.contradictions)
+                + f". Measured: {self.evidence()}"
+            )
+        return f"{self.outcome}: {self.evidence()}"
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-serialisable (no NaN or infinity)."""
         return {
+            "outcome": self.outcome,
+            "claim": self.claim,
+            "contradictions": list(self.contradictions),
+            "branch": self.branch or None,
+            "main_instance": self.main,
+            "alternatives": [a.to_dict() for a in self.alternatives],
             "verdict": self.verdict,
             "up_to_scale": self.up_to_scale,
             "target": self.target,
@@ -361,12 +397,10 @@ def _headline(r: InstanceResult) -> str:
     if r.verdict == ZERO_GRADIENT:
         worst = r.worst
         ratio = 0.0 if worst is None else worst.relative_norm
-        return (
-            f"confirmed: E[grad] = 0 (|E[grad]| / |target| = {ratio:.0e}): no regularisation at all"
-        )
+        return f"E[grad] = 0 (|E[grad]| / |target| = {ratio:.0e} on {r.label}): no regularisation"
     assert r.target is not None
     label = TARGET_LABEL[r.target]
-    distance = f"; distance to grad KL(pi||pi_ref): {r.distance_to_kl:.2g}"
+    distance = f"; {r.distance_to_kl:.2g} away from grad KL(pi||pi_ref)"
     if r.verdict == BIASED:
         worst = r.worst
         assert worst is not None
@@ -374,23 +408,31 @@ def _headline(r: InstanceResult) -> str:
         cosine = "n/a" if m.cosine is None else f"{m.cosine:.2f}"
         if r.combination is not None:
             return (
-                f"biased: E[grad] = {combination_text(r.combination)}, no single target{distance}"
+                f"biased on {r.label}: E[grad] = {combination_text(r.combination)}, "
+                f"no single target{distance}"
+            )
+        if m.rel_err >= 1 or m.factor <= 0:
+            kl = worst.targets[KL]
+            kl_cosine = "n/a" if kl.cosine is None else f"{kl.cosine:.2f}"
+            return (
+                f"biased on {r.label}: E[grad] is none of the KL gradients, nor near one "
+                f"(cosine with grad KL(pi||pi_ref) {kl_cosine}){distance}"
             )
         return (
-            f"biased: E[grad] matches no target; nearest {_scale(m.factor)}{label} "
-            f"(rel. err {m.rel_err:.2g} at the best factor, cosine {cosine}){distance}"
+            f"biased on {r.label}: E[grad] is none of the KL gradients; the nearest, "
+            f"{_scale(m.factor)}{label}, is {m.rel_err:.2g} away (cosine {cosine}){distance}"
         )
-    err = f"(rel. err {r.rel_err:.0e})"
+    err = f"to {r.rel_err:.0e}" if r.rel_err else "exactly"
     if r.verdict == SCALED:
-        return f"confirmed: E[grad] = {_scale(r.factor)}{label} {err}: {_factor_story(r)}"
+        return f"E[grad] = {_scale(r.factor)}{label} {err} on {r.label}: {_factor_story(r)}"
     if r.verdict == NEGATED:
         return (
-            f"confirmed: E[grad] = {_scale(r.factor)}{label} {err}: the divergence is "
+            f"E[grad] = {_scale(r.factor)}{label} {err} on {r.label}: the divergence is "
             "subtracted, so training increases it"
         )
     if r.verdict == CORRECT:
-        return f"confirmed: E[grad] = {label} {err}"
-    return f"confirmed: E[grad] = {label} {err}{distance}"
+        return f"E[grad] = {label} {err} on {r.label}"
+    return f"E[grad] = {label} {err} on {r.label}{distance}"
 
 
 def combination_text(combination: dict[str, float]) -> str:

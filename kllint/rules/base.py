@@ -23,9 +23,12 @@ class Rule:
     headline: Callable[[KLSite], str] = field(repr=False)  # what is wrong, in the code's names
     reason: Callable[[KLSite], str] = field(repr=False)  # why: the first note of a finding
     fix_title: str
-    # What ``--confirm`` must measure on sequences: the harness's verdict, or
-    # the target a scaled or biased gradient is closest to.
+    # What ``--confirm`` must measure, per regime ("bandit": one action,
+    # "sequences": summed over tokens), in the harness's verdicts (taken up
+    # to a positive factor), and the claim in words. The harness widens it
+    # per term (clamps, missing masks, 1/|y|, stale samples): harness/claims.py.
     confirms: Mapping[str, frozenset[str]] = field(default_factory=dict, repr=False)
+    claim: str = ""
     severity: str = "error"  # "error" | "warning"
 
     def check(self, site: KLSite) -> bool:

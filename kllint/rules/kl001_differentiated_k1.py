@@ -9,7 +9,7 @@ contributes noise and no pull towards the reference.
 from __future__ import annotations
 
 from kllint.analysis.gradient import Credit, Direction
-from kllint.analysis.sites import KLSite
+from kllint.analysis.sites import KLSite, length_normalised
 from kllint.rules.base import Rule, estimate
 
 
@@ -18,10 +18,19 @@ def applies(site: KLSite) -> bool:
 
 
 def headline(site: KLSite) -> str:
+    if length_normalised(site.term):
+        return f"{estimate(site)} differentiated as a loss, per sequence length: no KL gradient"
     return f"{estimate(site)} differentiated as a loss: zero expected gradient"
 
 
 def reason(site: KLSite) -> str:
+    if length_normalised(site.term):
+        # E[grad log pi(y) / |y|] is not 0 on variable lengths: a length reward.
+        return (
+            "autograd gives grad log pi divided by each sequence's length, which does not "
+            "regularise towards the reference and, on variable lengths, rewards or penalises "
+            "length instead"
+        )
     return (
         "autograd gives grad log pi, and E_pi[grad log pi] = 0, so the KL term has zero expected "
         "gradient and does not regularise"
@@ -37,5 +46,6 @@ RULE = Rule(
     reason=reason,
     fix_title="Use k2 `0.5 * log_ratio**2` summed with a reward-to-go, or the score function "
     "`reverse_cumsum(log_ratio.detach()) * logp`",
-    confirms={"sequences": frozenset({"zero-gradient"})},
+    confirms={"bandit": frozenset({"zero-gradient"}), "sequences": frozenset({"zero-gradient"})},
+    claim="zero expected gradient",
 )

@@ -59,5 +59,6 @@ RULE = Rule(
     reason=reason,
     fix_title="Weight each token's log-prob by the reward-to-go G_t = sum_{s>=t} log_ratio_s.detach() "
     "(a reverse cumulative sum)",
-    confirms={"sequences": frozenset({"partial", "partial KL(pi||pi_ref)"})},
+    confirms={"bandit": frozenset({"correct"}), "sequences": frozenset({"partial"})},
+    claim="the token-level partial gradient of KL(pi||pi_ref)",
 )

@@ -37,5 +37,6 @@ RULE = Rule(
     headline=headline,
     reason=reason,
     fix_title="Use the k1 log-ratio as the per-token reward and credit it with a reward-to-go",
-    confirms={"sequences": frozenset({"biased"})},
+    confirms={"bandit": frozenset({"biased"}), "sequences": frozenset({"biased"})},
+    claim="a biased gradient",
 )

@@ -47,5 +47,6 @@ RULE = Rule(
     headline=headline,
     reason=reason,
     fix_title="Compute the policy log-probs of the KL term with gradient (outside torch.no_grad(), without .detach())",
-    confirms={"sequences": frozenset({"zero-gradient"})},
+    confirms={"bandit": frozenset({"zero-gradient"}), "sequences": frozenset({"zero-gradient"})},
+    claim="no gradient",
 )

@@ -43,5 +43,6 @@ RULE = Rule(
     headline=headline,
     reason=reason,
     fix_title="Add the KL penalty to the loss (`loss = pg_loss + beta * kl`), or subtract it from the rewards",
-    confirms={"sequences": frozenset({"negated"})},
+    confirms={"bandit": frozenset({"negated"}), "sequences": frozenset({"negated"})},
+    claim="a negated KL gradient",
 )

@@ -1,0 +1,108 @@
+"""What a rule claims the harness will measure, per regime, and the check
+of a measurement against it. Torch-free: rules declare their claims in
+these terms, and ``--confirm`` reports ``confirmed`` or ``contradicted``
+against them before any number.
+
+A regime is a tabular instance (:mod:`kllint.harness.tabular`): the shape
+of the sequences (one action, fixed or variable length) and how far the
+policy is from the reference (about 1 nat per token, or about 0.05, where
+runs spend most of their steps), and for losses with a behaviour policy,
+samples drawn from one a few updates behind. An instance name may carry a
+variant after ``@`` (``variable_length@B=2``: the code at batch size 2;
+``variable_length@alpha=0.5``: a coefficient set to 0.5), judged by the
+claim of its regime.
+
+A claim is the set of verdicts (:data:`kllint.harness.verdict.VERDICTS`,
+taken up to a positive factor) the rule accepts in each regime. A verdict
+outside it is a defect of the rule or of the harness, never a matter of
+wording.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kllint.analysis import ir
+from kllint.analysis.sites import length_normalised
+from kllint.harness.regimes import (
+    BANDIT,
+    FAR,
+    OFF_POLICY,
+    REGIMES,
+    VARIABLE,
+    label,
+    regime_of,
+)
+from kllint.harness.verdict import (
+    BIASED,
+)
+
+CONFIRMED = "confirmed"
+CONTRADICTED = "contradicted"
+UNCONFIRMED = "unconfirmed"
+OUTCOMES = (CONFIRMED, CONTRADICTED, UNCONFIRMED)
+
+
+@dataclass(frozen=True)
+class Claim:
+    """The verdicts a rule accepts, per regime (a regime left out accepts
+    anything), and the rule's words for them."""
+
+    code: str
+    verdicts: dict[str, frozenset[str]]
+    statement: str
+
+    def accepts(self, instance: str, verdict: str) -> bool:
+        allowed = self.verdicts.get(regime_of(instance))
+        return allowed is None or verdict in allowed
+
+    def expected(self, instance: str) -> str:
+        allowed = self.verdicts.get(regime_of(instance))
+        return " or ".join(sorted(allowed)) if allowed else "anything"
+
+
+def clamped(term: ir.Node) -> bool:
+    """A clamp on a per-token value: active far from the reference only."""
+    return any(isinstance(n, ir.Clamp) and (n.low, n.high) != (None, None) for n in term.walk())
+
+
+def claim_for(code: str, term: ir.Node) -> Claim | None:
+    """The claim of rule ``code`` on ``term``; None for a code without one."""
+    from kllint.rules import RULES  # the rule declares its claim
+
+    rule = RULES.get(code)
+    if rule is None or not rule.confirms:
+        return None
+    one_action, sequences, statement = rule.confirms[BANDIT], rule.confirms["sequences"], rule.claim
+    verdicts = {regime: sequences for regime in REGIMES}
+    verdicts[BANDIT] = one_action
+    if clamped(term):
+        # verl/OpenRLHF clamp k3 to [-10, 10]: inactive near the reference.
+        for regime in FAR:
+            verdicts[regime] = verdicts[regime] | {BIASED}
+        statement += " (near the reference; a clamp biases it far from it)"
+    if not term.has_role(ir.Role.MASK):
+        # Padded positions carry log-probs: unmasked, they enter the sum.
+        for regime in VARIABLE:
+            verdicts[regime] = verdicts[regime] | {BIASED}
+        statement += "; biased on variable lengths if padding is not masked"
+    if term.has_role(ir.Role.OLD_LOGP):
+        # Samples from pi_old: only an importance-weighted estimate keeps
+        # its on-policy expectation.
+        verdicts[OFF_POLICY] = verdicts[OFF_POLICY] | {BIASED}
+    if length_normalised(term):
+        for regime in VARIABLE:
+            verdicts[regime] = frozenset({BIASED})
+        statement += "; biased on variable lengths (each sequence divided by its own length)"
+    return Claim(code, verdicts, statement)
+
+
+def check(claim: Claim, verdicts: dict[str, str]) -> tuple[str, list[str]]:
+    """``(outcome, contradictions)`` for the verdicts measured per instance
+    (already up to a positive factor); each contradiction in words."""
+    wrong = [
+        f"{label(instance)}: measured {verdict}, claimed {claim.expected(instance)}"
+        for instance, verdict in verdicts.items()
+        if not claim.accepts(instance, verdict)
+    ]
+    return (CONTRADICTED if wrong else CONFIRMED), wrong
