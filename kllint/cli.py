@@ -88,6 +88,16 @@ def main() -> None:
     default=None,
     help="Worker processes for large trees (default: one per CPU; 1 to stay in one process).",
 )
+# --- fix mode (kllint.fix): Ruff's flags and exit codes
+@click.option("--fix", is_flag=True, help="Apply the safe fixes (verified rewrites).")
+@click.option("--unsafe-fixes", is_flag=True, help="Also offer and apply the unsafe fixes.")
+@click.option(
+    "--diff",
+    is_flag=True,
+    help="Print a unified diff of what --fix would write; change nothing (exit 1 if it would).",
+)
+@click.option("--show-fixes", is_flag=True, help="List the fixes applied (or that would be).")
+# --- end of fix mode
 @click.version_option(__version__, "--version", prog_name="kllint")
 def check(
     paths: tuple[Path, ...],
@@ -98,6 +108,10 @@ def check(
     config_path: Path | None,
     confirm: bool,
     jobs: int | None,
+    fix: bool = False,
+    unsafe_fixes: bool = False,
+    diff: bool = False,
+    show_fixes: bool = False,
 ) -> None:
     """Lint PATHS (default: the current directory) for KL regularisers whose
     gradient is not the one intended.
@@ -120,6 +134,12 @@ def check(
         _fail(f"error: {err}")
     if confirm and result.findings:
         _confirm(result)
+    if result.findings and (fix or diff or show_fixes or output_format in ("json", "sarif")):
+        from kllint.fix.command import FixMode
+
+        mode = FixMode(fix=fix, unsafe=unsafe_fixes, diff=diff, show=show_fixes)
+        if mode.run(result, settings, output_format) is not None:
+            raise click.exceptions.Exit(mode.exit_code or 0)
 
     color = sys.stdout.isatty() and "NO_COLOR" not in os.environ
     click.echo(render(result, output_format, color=color), nl=False, color=color)

@@ -29,6 +29,9 @@ class Finding:
     site: KLSite | None = field(default=None, repr=False, compare=False)
     # Filled by --confirm: {"verdict": ..., ...}
     confirmation: dict[str, Any] | None = None
+    # Filled by the fixer (kllint.fix): Ruff's fix shape {"applicability",
+    # "message", "edits": [...]}, or None when no verified fix exists.
+    fix: dict[str, Any] | None = None
 
     def sort_key(self) -> tuple[str, int, int, str]:
         return (self.path, self.line, self.column, self.code)

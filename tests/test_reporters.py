@@ -116,7 +116,7 @@ def test_json_objects_sorted_by_path_line_column() -> None:
         ("train.py", 5, "KL005"),
     ]
     keys = {"code", "name", "path", "line", "column", "end_line", "end_column"}
-    keys |= {"severity", "message", "fix_title", "facts"}
+    keys |= {"severity", "message", "fix_title", "facts", "fix"}
     assert all(set(e) == keys for e in entries)
     k2 = entries[1]
     assert k2["name"] == "differentiated-k3-estimate"
