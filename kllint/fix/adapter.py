@@ -118,7 +118,12 @@ def sites(source: str, path: str, settings: Settings) -> tuple[cst.Module, list[
     top_level = [s for s in module.body if not isinstance(s, (cst.FunctionDef, cst.ClassDef))]
     Interpreter(context, info).exec_block(top_level)
     found: list[RewrittenSite] = []
+    # As the rules see them: a variable named like a loss counts only where no
+    # backward pass or loss function's return says what the function optimises.
+    judged = {id(s.function_node) for s in context.sinks if s.strong}
     for sink in context.sinks:
+        if not sink.strong and id(sink.function_node) in judged:
+            continue
         fallback = ir.Origin(path, cst_node=sink.node)
         options = sink.value.options if isinstance(sink.value, Choice) else [("", sink.value)]
         for branch, value in options:
@@ -172,7 +177,12 @@ def _mask(term: ir.Node) -> str | None:
 
 
 def _per_sequence_mean(term: ir.Node) -> bool:
-    return any(
-        isinstance(n, ir.Reduce) and n.kind == "mean" and n.axis is ir.Axis.TIME
-        for n in term.walk()
-    )
+    """A mean over each sequence's own tokens: ``x.mean(-1)`` with a mask, or
+    ``(x * mask).sum(-1) / mask.sum(-1)``."""
+    for n in term.walk():
+        if isinstance(n, ir.Reduce) and n.kind == "mean" and n.axis is ir.Axis.TIME:
+            return True
+        if isinstance(n, ir.Binary) and n.op == "div":
+            if any(isinstance(d, ir.Reduce) and d.axis is ir.Axis.TIME for d in n.right.walk()):
+                return True
+    return False

@@ -52,6 +52,13 @@ class Edit:
         }
 
 
+def parents(module: cst.Module, nodes: Sequence[cst.CSTNode]) -> dict[int, cst.CSTNode]:
+    """The parent of each of ``nodes`` (by identity) in ``module``."""
+    visitor = _Parents({id(n) for n in nodes})
+    module.visit(visitor)
+    return visitor.parent
+
+
 class _Parents(cst.CSTVisitor):
     def __init__(self, wanted: set[int]) -> None:
         self.wanted = wanted
@@ -81,12 +88,11 @@ def rewrite(module: cst.Module, plans: Sequence[Plan]) -> str:
     another's node is superseded by the outer one)."""
     if not plans:
         return module.code
-    parents = _Parents({id(p.node) for p in plans})
-    module.visit(parents)
+    parent_of = parents(module, [p.node for p in plans])
     replacements: dict[int, cst.CSTNode] = {}
     for p in plans:
         replacement = p.replacement
-        parent = parents.parent.get(id(p.node))
+        parent = parent_of.get(id(p.node))
         if isinstance(replacement, cst.BaseExpression) and not replacement.lpar:
             if not isinstance(parent, _LOOSE_PARENTS):
                 replacement = replacement.with_changes(

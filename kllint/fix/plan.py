@@ -72,38 +72,63 @@ class Refusal:
     reason: str
 
 
+SCORE_FUNCTION = (
+    "the KL is a detached weight (a per-token reward): crediting later tokens means "
+    "turning the rewards into returns, which changes their value"
+)
+
+
 def plan(targets: list[Target]) -> tuple[list[Plan], list[Refusal]]:
     """A plan per bug: findings that report the same expression (at several
     call sites, or by two rules) share one fix."""
     plans: dict[int, Plan] = {}
     refusals: list[Refusal] = []
     for target in targets:
-        reason = _refusal(target)
+        reason = refusal(target)
         if reason is not None:
             refusals.append(Refusal(target.finding, reason))
             continue
-        assert isinstance(target.node, cst.BaseExpression)  # checked by _refusal
         existing = plans.get(id(target.node))
         if existing is not None:
             existing.findings.append(target.finding)
             continue
         try:
-            replacement = _replacement(target, 1)
+            plans[id(target.node)] = make(target, [target.finding])
         except cst.ParserSyntaxError:
             refusals.append(Refusal(target.finding, "the user's names do not form an expression"))
-            continue
-        applicability, notes, instance = _applicability(target)
-        plans[id(target.node)] = Plan(
-            node=target.node,
-            replacement=replacement,
-            applicability=applicability,
-            message=_message(target),
-            findings=[target.finding],
-            instance=instance,
-            notes=notes,
-            target=target,
-        )
     return list(plans.values()), refusals
+
+
+def make(target: Target, findings: list[Finding]) -> Plan:
+    """The plan that replaces ``target.node``; raises ``libcst.ParserSyntaxError``
+    when the names do not form an expression."""
+    assert isinstance(target.node, cst.BaseExpression)
+    applicability, notes, instance = _applicability(target)
+    return Plan(
+        node=target.node,
+        replacement=_replacement(target, 1),
+        applicability=applicability,
+        message=_message(target),
+        findings=list(findings),
+        instance=instance,
+        notes=notes,
+        target=target,
+    )
+
+
+def widened(target: Target, parent: cst.CSTNode | None) -> Target:
+    """``0.5 * (logp - ref) ** 2``: the estimate is the product with its
+    numeric constant (k2 is ``0.5 * logr**2``), so the surrogate replaces the
+    product and its gradient is the KL's, not half of it."""
+    if (
+        isinstance(parent, cst.BinaryOperation)
+        and isinstance(parent.operator, (cst.Multiply, cst.Divide))
+        and (parent.left is target.node or parent.right is target.node)
+    ):
+        other = parent.right if parent.left is target.node else parent.left
+        if isinstance(other, (cst.Integer, cst.Float)):
+            return replace(target, node=parent)
+    return target
 
 
 def negated(p: Plan) -> Plan:
@@ -137,7 +162,7 @@ def surrogate_text(target: Target, sign: int = 1) -> str:
     return f"{value}.detach() {plus} {weight} * ({policy} - {policy}.detach())"
 
 
-def _refusal(target: Target) -> str | None:
+def refusal(target: Target) -> str | None:
     code = target.finding.code
     if code in NO_FIX:
         return NO_FIX[code]
@@ -145,11 +170,6 @@ def _refusal(target: Target) -> str | None:
         return "no automatic fix for this rule"
     if not isinstance(target.node, cst.BaseExpression):
         return "the estimate is not an expression of this file"
-    if target.score_function:
-        return (
-            "the KL is a detached weight (a per-token reward): crediting later tokens means "
-            "turning the rewards into returns, which changes their value"
-        )
     if target.importance_weighted:
         return (
             "the estimate is multiplied by an importance ratio outside it, which a surrogate "

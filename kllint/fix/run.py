@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -13,8 +13,22 @@ from kllint.config import Settings
 from kllint.engine import LintResult
 from kllint.findings import Finding
 from kllint.fix import adapter, verify
+from kllint.fix.adapter import Target
 from kllint.fix.apply import Edit, edit, encode, rewrite, unified_diff, write_atomic
-from kllint.fix.plan import Applicability, Plan, negated, plan
+from kllint.fix.plan import (
+    NO_FIX,
+    SCORE_FUNCTION,
+    Applicability,
+    Plan,
+    make,
+    negated,
+    plan,
+    refusal,
+    widened,
+)
+from kllint.fix.scope import Scope
+
+USE_SITES = 3  # reads of an estimate's variable tried as places for the rewrite
 
 
 @dataclass
@@ -83,10 +97,11 @@ def _fix_file(
             _refuse(finding, out, "the finding carries no KL site to rewrite")
             continue
         targets.append(t)
-    plans, refusals = plan(targets)
+    scope = Scope(analysis.module)
     reported = {id(twin): f for f in findings if (twin := mine.get((f.code, f.line, f.column)))}
-    for refusal in refusals:
-        _refuse(reported[id(refusal.finding)], out, refusal.reason)
+    groups: dict[int, list[Target]] = {}  # one fix per bug: findings of one estimate together
+    for t in targets:
+        groups.setdefault(id(t.node), []).append(t)
 
     def replan(rewritten: adapter.Analysis) -> str:
         # The second run plans only for findings the first one left alone if
@@ -97,25 +112,43 @@ def _fix_file(
         return rewrite(rewritten.module, fresh)
 
     offered: list[Plan] = []
-    for p in plans:
-        p, e, outcome = _verified(p, path, source, analysis, settings, replan, numeric)
-        originals = [reported[id(f)] for f in p.findings]
-        if outcome.problem is not None:
+    for group in groups.values():
+        first = group[0]
+        originals = [reported[id(t.finding)] for t in group]
+        reason = refusal(first)
+        candidates = [] if reason is not None else _candidates(first, scope)
+        if reason is None and not candidates:
+            reason = "the names the rewrite needs are not all bound where the estimate is used"
+        chosen_plan: Plan | None = None
+        for candidate in candidates:
+            try:
+                p = make(candidate, [t.finding for t in group])
+            except cst.ParserSyntaxError:
+                reason = "the user's names do not form an expression"
+                continue
+            p, e, outcome = _verified(p, path, source, analysis, settings, replan, numeric)
+            if outcome.problem is None:
+                chosen_plan = p
+                break
+            reason = reason or outcome.problem  # the best place's reason
+        if chosen_plan is None:
+            if first.score_function and reason != NO_FIX.get(first.finding.code):
+                reason = f"{SCORE_FUNCTION} ({reason})"
             for finding in originals:
-                _refuse(finding, out, outcome.problem)
+                _refuse(finding, out, reason or "no rewrite passed the checks")
             continue
         fix: dict[str, Any] = {
-            "applicability": p.applicability.value,
-            "message": p.message,
+            "applicability": chosen_plan.applicability.value,
+            "message": chosen_plan.message,
             "edits": [e.to_dict()],
         }
-        if p.notes:
-            fix["notes"] = list(p.notes)
+        if chosen_plan.notes:
+            fix["notes"] = list(chosen_plan.notes)
         if outcome.confirmation is not None:
             fix["confirmation"] = outcome.confirmation
         for finding in originals:
             finding.fix = fix
-        offered.append(p)
+        offered.append(chosen_plan)
 
     chosen = [
         p
@@ -138,6 +171,42 @@ def _fix_file(
                         reported[id(f)], out, f"fixes of this file interfere: {outcome.problem}"
                     )
     return out
+
+
+def _candidates(target: Target, scope: Scope) -> list[Target]:
+    """Where the surrogate may go, best first: the estimate itself (with its
+    numeric factor), else, when it is assigned to a variable, the first reads
+    of that variable (a score-function product ``log_ratio * logp`` as a
+    whole), and as a last resort the estimate without its mask (unsafe). Each
+    place must have the names the rewrite uses bound before it."""
+    estimate_node = target.node
+    assert estimate_node is not None
+    names = [*target.policy, *target.reference]
+    if target.mask is not None:
+        target = replace(target, mask=scope.variable_for(target.mask, estimate_node) or target.mask)
+
+    def usable(node: cst.CSTNode, mask: str | None) -> bool:
+        return all(scope.bound_before(n, node) for n in [*names, *([mask] if mask else [])])
+
+    estimate = widened(target, scope.parent_of(estimate_node))
+    found = [estimate] if usable(estimate.node, target.mask) else []  # type: ignore[arg-type]
+    variable = scope.assigned_name(estimate_node)
+    if variable is not None:
+        for read in scope.loads_after(variable, estimate_node)[:USE_SITES]:
+            node: cst.CSTNode = read
+            parent = scope.parent_of(read)
+            if isinstance(parent, cst.BinaryOperation) and isinstance(
+                parent.operator, cst.Multiply
+            ):
+                other = parent.right if parent.left is read else parent.left
+                other_code = cst.Module(body=[]).code_for_node(other)
+                if any(n in other_code for n in target.policy):
+                    node = parent
+            if usable(node, target.mask):
+                found.append(widened(replace(target, node=node), scope.parent_of(node)))
+    if not found and target.mask and usable(estimate.node, None):  # type: ignore[arg-type]
+        found.append(replace(estimate, mask=None))
+    return found
 
 
 def _verified(
