@@ -42,6 +42,8 @@ class Target:
     per_sequence_mean: bool  # a mean over each sequence's own tokens (1/|y|)
     sequence_atoms: bool  # log-probs of whole sequences (one action each)
     in_helper: str | None  # the helper the estimate is computed in, if any
+    # The mask (and so the time axis) was read off the loss's code, not the IR.
+    inferred_mask: bool = False
 
 
 @dataclass(frozen=True)

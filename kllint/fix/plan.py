@@ -194,6 +194,11 @@ def _applicability(target: Target) -> tuple[Applicability, list[str], str | None
             "nothing shows a time axis: the rewrite is right for one action per sample; "
             "if these are token log-probs, the reward-to-go form is needed instead"
         )
+    if target.inferred_mask:
+        notes.append(
+            f"the time axis and the mask are inferred from `{target.mask}` where the estimate "
+            "enters the loss: the rewrite assumes [batch, time] log-probs with time last"
+        )
     if target.per_token and target.per_sequence_mean:
         instance = "sequences"
         notes.append(

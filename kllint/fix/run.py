@@ -98,6 +98,13 @@ def _fix_file(
             continue
         targets.append(t)
     scope = Scope(analysis.module)
+    cached: list[verify.Sites] = []
+
+    def before() -> verify.Sites:  # the original's KL sites, computed once if needed
+        if not cached:
+            cached.append(adapter.sites(source, path, settings))
+        return cached[0]
+
     reported = {id(twin): f for f in findings if (twin := mine.get((f.code, f.line, f.column)))}
     groups: dict[int, list[Target]] = {}  # one fix per bug: findings of one estimate together
     for t in targets:
@@ -126,7 +133,9 @@ def _fix_file(
             except cst.ParserSyntaxError:
                 reason = "the user's names do not form an expression"
                 continue
-            p, e, outcome = _verified(p, path, source, analysis, settings, replan, numeric)
+            p, e, outcome = _verified(
+                p, path, source, analysis, settings, replan, numeric, before, scope
+            )
             if outcome.problem is None:
                 chosen_plan = p
                 break
@@ -206,6 +215,13 @@ def _candidates(target: Target, scope: Scope) -> list[Target]:
                 found.append(widened(replace(target, node=node), scope.parent_of(node)))
     if not found and target.mask and usable(estimate.node, None):  # type: ignore[arg-type]
         found.append(replace(estimate, mask=None))
+    if target.mask is None and variable is not None and not target.sequence_atoms:
+        # No mask or time axis in the IR (a mask read from a dict, a helper's
+        # reduction): the loss's own mask says the log-probs are per token.
+        mask = scope.mask_near(variable, estimate_node)
+        if mask is not None:
+            inferred = replace(target, mask=mask, per_token=True, inferred_mask=True)
+            found = _candidates(inferred, scope) + found
     return found
 
 
@@ -217,6 +233,8 @@ def _verified(
     settings: Settings,
     replan: Callable[[adapter.Analysis], str],
     numeric: bool,
+    before: Callable[[], verify.Sites],
+    scope: Scope,
 ) -> tuple[Plan, Edit, verify.Outcome]:
     """Checks 1-4 for one plan alone; an estimate written the other way round
     (``-(ref - logp)``) gets the score term subtracted instead, and is checked again."""
@@ -228,7 +246,9 @@ def _verified(
         e = edit(source, alone)
         outcome = verify.check_module(path, alone, [attempt], analysis.findings, settings, replan)
         if outcome.problem is None:
-            outcome = verify.confirm_plan(path, alone, attempt, e, settings, numeric)
+            (line, column), (end_line, end_column) = scope.start(p.node), scope.end(p.node)
+            span = ((line, column + 1), (end_line, end_column + 1))
+            outcome = verify.confirm_plan(path, alone, attempt, e, settings, numeric, before, span)
         if not outcome.negated:
             break
     return attempt, e, outcome

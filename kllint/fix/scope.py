@@ -114,6 +114,16 @@ class Scope:
             return parent.targets[0].target.value
         return None
 
+    def mask_near(self, name: str, node: cst.CSTNode) -> str | None:
+        """A mask the reads of ``name`` are reduced with (``response_mask`` in
+        ``agg_loss(loss_mat=kld, loss_mask=response_mask)``), by its name."""
+        for read in self.loads_after(name, node):
+            finder = _Masks()
+            self.statement_of(read).visit(finder)
+            if finder.found:
+                return finder.found[0]
+        return None
+
     def loads_after(self, name: str, node: cst.CSTNode) -> list[cst.Name]:
         """Reads of ``name`` after ``node``'s statement, in the same function, in order."""
         fn = self.function_of(node)
@@ -147,6 +157,31 @@ def _normalised(text: str) -> str:
     while text.startswith("(") and text.endswith(")"):
         text = text[1:-1]
     return text
+
+
+class _Masks(cst.CSTVisitor):
+    """Names and attribute chains whose last word is ``mask`` (``action_mask``,
+    ``experience.action_mask``), in source order."""
+
+    def __init__(self) -> None:
+        self.found: list[str] = []
+
+    def _is_mask(self, identifier: str) -> bool:
+        return identifier.lower().split("_")[-1] == "mask"
+
+    def visit_Attribute(self, node: cst.Attribute) -> bool:
+        if self._is_mask(node.attr.value) and isinstance(node.value, (cst.Name, cst.Attribute)):
+            self.found.append(_code(node))
+            return False
+        return True
+
+    def visit_Name(self, node: cst.Name) -> None:
+        if self._is_mask(node.value):
+            self.found.append(node.value)
+
+    def visit_Arg(self, node: cst.Arg) -> bool:
+        node.value.visit(self)  # not the keyword (``loss_mask=``)
+        return False
 
 
 class _Assignments(cst.CSTVisitor):

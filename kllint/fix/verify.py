@@ -82,25 +82,42 @@ def check_module(
     return Outcome(None, remaining=rewritten.findings)
 
 
-def confirm_plan(
-    path: str, new: str, plan: Plan, edit: Edit, settings: Settings, numeric: bool
-) -> Outcome:
-    """Check 4 for one plan applied alone (``new`` is the module with only it)."""
-    module, found = adapter.sites(new, path, settings)
+Sites = tuple[cst.Module, list[adapter.RewrittenSite]]
+
+
+def within(
+    sites: Sites, start: tuple[int, int], end: tuple[int, int]
+) -> list[adapter.RewrittenSite]:
+    """The KL sites whose node overlaps the 1-based span ``start``-``end``."""
+    module, found = sites
     positions = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
-    (start, end) = new_span(edit)
-    rewritten = []
+    inside = []
     for site in found:
-        node = site.node
-        if node is None:
-            continue
-        span = positions.get(node)
+        span = positions.get(site.node) if site.node is not None else None
         if span is None:
             continue
         lo = (span.start.line, span.start.column + 1)
         hi = (span.end.line, span.end.column + 1)
         if lo < end and start < hi:
-            rewritten.append(site)
+            inside.append(site)
+    return inside
+
+
+def confirm_plan(
+    path: str,
+    new: str,
+    plan: Plan,
+    edit: Edit,
+    settings: Settings,
+    numeric: bool,
+    before: Callable[[], Sites],
+    old_span: tuple[tuple[int, int], tuple[int, int]],
+) -> Outcome:
+    """Check 4 for one plan applied alone (``new`` is the module with only it);
+    ``before`` gives the KL sites of the original module, to pair each
+    rewritten term with the original of the same branch found in ``old_span``
+    (the replaced node, 1-based)."""
+    rewritten = within(adapter.sites(new, path, settings), *new_span(edit))
     if not rewritten:
         return Outcome("the rewritten expression does not reach the loss as a KL term")
     if all(site.negated for site in rewritten):
@@ -115,19 +132,23 @@ def confirm_plan(
     except ImportError:  # torch is there but broken, or a stand-in: no numeric proof
         return Outcome(None)
 
-    originals = {f.site.branch if f.site else "": f.site.term for f in plan.findings if f.site}
+    old = within(before(), *old_span)
+    originals = {site.branch: site.term for site in old}
     confirmation: dict[str, Any] | None = None
     for site in rewritten:
         verdict = harness.confirm(site.term, plan.instance)
         if verdict.problem is not None:
             return Outcome(f"the harness does not confirm the rewrite: {verdict.problem}")
-        original = originals.get(site.branch) or next(iter(originals.values()), None)
-        if original is not None:
-            difference = harness.value_difference(original, site.term)
-            if difference is None or difference > VALUE_TOLERANCE:
-                return Outcome(
-                    "the rewrite changes the forward value "
-                    f"(difference {difference if difference is not None else 'not computable'})"
-                )
+        original = originals.get(site.branch)
+        if original is None and len(originals) == 1:
+            original = next(iter(originals.values()))
+        if original is None:
+            return Outcome("the rewritten term cannot be paired with the original's")
+        difference = harness.value_difference(original, site.term)
+        if difference is None or difference > VALUE_TOLERANCE:
+            return Outcome(
+                "the rewrite changes the forward value "
+                f"(difference {difference if difference is not None else 'not computable'})"
+            )
         confirmation = {**verdict.details, "value_preserved": True, "term": ir.render(site.term)}
     return Outcome(None, confirmation=confirmation)
