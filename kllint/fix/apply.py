@@ -123,12 +123,21 @@ def _position(text: str, offset: int) -> tuple[int, int]:
     return row, offset - (before.rfind("\n") + 1) + 1
 
 
-def new_span(e: Edit) -> tuple[tuple[int, int], tuple[int, int]]:
-    """Where the edit's content lies in the edited text: 1-based (row, column) pairs."""
+Span = tuple[tuple[int, int], tuple[int, int]]
+
+
+def new_span(e: Edit, replaced: Span) -> Span:
+    """Where the replaced node (``replaced``, 1-based, in the old text) lies in
+    the edited text: the edit sits inside it, so its start stays and its end
+    moves by what the edit adds."""
+    start, (end_row, end_column) = replaced
     lines = e.content.split("\n")
+    if e.end_row != end_row:  # the node's last line is after the edit's: rows shift only
+        return start, (end_row + len(lines) - 1 - (e.end_row - e.row), end_column)
+    tail = end_column - e.end_column  # characters of the node after the edit
     if len(lines) == 1:
-        return (e.row, e.column), (e.row, e.column + len(e.content))
-    return (e.row, e.column), (e.row + len(lines) - 1, len(lines[-1]) + 1)
+        return start, (e.row, e.column + len(e.content) + tail)
+    return start, (e.row + len(lines) - 1, len(lines[-1]) + 1 + tail)
 
 
 def unified_diff(path: str, old: str, new: str) -> str:

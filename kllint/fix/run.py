@@ -187,19 +187,38 @@ def _candidates(target: Target, scope: Scope) -> list[Target]:
     numeric factor), else, when it is assigned to a variable, the first reads
     of that variable (a score-function product ``log_ratio * logp`` as a
     whole), and as a last resort the estimate without its mask (unsafe). Each
-    place must have the names the rewrite uses bound before it."""
+    place must have the names the rewrite uses bound before it.
+
+    The mask is the one the loss reduces the estimate with, by the name the
+    code uses there (``response_mask``): the analysis names a value by where
+    it came from (``data["attention_mask"]`` before a slice), which may have
+    another shape. When the analysis saw no mask or time axis at all but the
+    loss has a mask, the log-probs are per token: the one-action form would
+    be wrong, so it is not tried."""
     estimate_node = target.node
     assert estimate_node is not None
-    names = [*target.policy, *target.reference]
-    if target.mask is not None:
+    variable = scope.assigned_name(estimate_node)
+    near = (
+        scope.mask_near(variable, estimate_node)
+        if variable is not None
+        else scope.mask_in(estimate_node)
+    )
+    if near is not None:
+        target = replace(
+            target,
+            mask=scope.variable_for(near, estimate_node) or near,
+            per_token=True,
+            inferred_mask=target.mask is None and not target.per_token,
+        )
+    elif target.mask is not None:
         target = replace(target, mask=scope.variable_for(target.mask, estimate_node) or target.mask)
+    names = [*target.policy, *target.reference]
 
     def usable(node: cst.CSTNode, mask: str | None) -> bool:
         return all(scope.bound_before(n, node) for n in [*names, *([mask] if mask else [])])
 
     estimate = widened(target, scope.parent_of(estimate_node))
-    found = [estimate] if usable(estimate.node, target.mask) else []  # type: ignore[arg-type]
-    variable = scope.assigned_name(estimate_node)
+    found = [estimate] if usable(estimate_node, target.mask) else []
     if variable is not None:
         for read in scope.loads_after(variable, estimate_node)[:USE_SITES]:
             node: cst.CSTNode = read
@@ -213,15 +232,8 @@ def _candidates(target: Target, scope: Scope) -> list[Target]:
                     node = parent
             if usable(node, target.mask):
                 found.append(widened(replace(target, node=node), scope.parent_of(node)))
-    if not found and target.mask and usable(estimate.node, None):  # type: ignore[arg-type]
+    if not found and target.mask and usable(estimate_node, None):
         found.append(replace(estimate, mask=None))
-    if target.mask is None and variable is not None and not target.sequence_atoms:
-        # No mask or time axis in the IR (a mask read from a dict, a helper's
-        # reduction): the loss's own mask says the log-probs are per token.
-        mask = scope.mask_near(variable, estimate_node)
-        if mask is not None:
-            inferred = replace(target, mask=mask, per_token=True, inferred_mask=True)
-            found = _candidates(inferred, scope) + found
     return found
 
 

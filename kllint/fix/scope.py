@@ -118,11 +118,16 @@ class Scope:
         """A mask the reads of ``name`` are reduced with (``response_mask`` in
         ``agg_loss(loss_mat=kld, loss_mask=response_mask)``), by its name."""
         for read in self.loads_after(name, node):
-            finder = _Masks()
-            self.statement_of(read).visit(finder)
-            if finder.found:
-                return finder.found[0]
+            found = self.mask_in(read)
+            if found is not None:
+                return found
         return None
+
+    def mask_in(self, node: cst.CSTNode) -> str | None:
+        """A mask in the statement of ``node`` (an estimate reduced inline)."""
+        finder = _Masks()
+        self.statement_of(node).visit(finder)
+        return finder.found[0] if finder.found else None
 
     def loads_after(self, name: str, node: cst.CSTNode) -> list[cst.Name]:
         """Reads of ``name`` after ``node``'s statement, in the same function, in order."""

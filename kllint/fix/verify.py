@@ -117,9 +117,12 @@ def confirm_plan(
     ``before`` gives the KL sites of the original module, to pair each
     rewritten term with the original of the same branch found in ``old_span``
     (the replaced node, 1-based)."""
-    rewritten = within(adapter.sites(new, path, settings), *new_span(edit))
+    rewritten = within(adapter.sites(new, path, settings), *new_span(edit, old_span))
     if not rewritten:
-        return Outcome("the rewritten expression does not reach the loss as a KL term")
+        return Outcome(
+            "the analysis cannot follow the rewritten term to the loss "
+            "(it holds a value the analysis does not represent, such as a mask read from a dict)"
+        )
     if all(site.negated for site in rewritten):
         return Outcome("the rewritten term's gradient has the wrong sign", negated=True)
     for site in rewritten:
@@ -132,8 +135,10 @@ def confirm_plan(
     except ImportError:  # torch is there but broken, or a stand-in: no numeric proof
         return Outcome(None)
 
-    old = within(before(), *old_span)
-    originals = {site.branch: site.term for site in old}
+    # The original terms: those at the replaced node, and those the findings
+    # report (an estimate fixed where it is used is reported where it is computed).
+    spans = [old_span] + [((f.line, f.column), (f.end_line, f.end_column)) for f in plan.findings]
+    originals = {site.branch: site.term for span in spans for site in within(before(), *span)}
     confirmation: dict[str, Any] | None = None
     for site in rewritten:
         verdict = harness.confirm(site.term, plan.instance)
