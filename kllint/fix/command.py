@@ -61,10 +61,12 @@ class FixMode:
         return None
 
     def _relint(self, result: LintResult, settings: Settings, fixes: list[fixer.FileFixes]) -> None:
-        """The findings left, at their positions in the written files."""
-        changed = {f.path for f in fixes if f.changed}
-        if not changed:
+        """The findings left, at their positions in the written files. Every
+        file with findings is linted again: a helper fixed in one file clears
+        the findings at its calls in others."""
+        if not any(f.changed for f in fixes):
             return
+        changed = {f.path for f in fixes}
         reasons = {
             key(f): f.facts["fix_unavailable"]
             for f in result.findings

@@ -141,6 +141,8 @@ def _fix_file(
                 break
             reason = reason or outcome.problem  # the best place's reason
         if chosen_plan is None:
+            if len(candidates) > 1:
+                reason = f"{reason} (and at {len(candidates) - 1} other place(s) tried)"
             if first.score_function and reason != NO_FIX.get(first.finding.code):
                 reason = f"{SCORE_FUNCTION} ({reason})"
             for finding in originals:
@@ -219,22 +221,37 @@ def _candidates(target: Target, scope: Scope) -> list[Target]:
 
     estimate = widened(target, scope.parent_of(estimate_node))
     found = [estimate] if usable(estimate_node, target.mask) else []
+    product = _weighted_product(estimate_node, target, scope)
+    if product is not estimate_node and usable(product, target.mask):
+        found.append(replace(target, node=product))
     if variable is not None:
         for read in scope.loads_after(variable, estimate_node)[:USE_SITES]:
-            node: cst.CSTNode = read
-            parent = scope.parent_of(read)
-            if isinstance(parent, cst.BinaryOperation) and isinstance(
-                parent.operator, cst.Multiply
-            ):
-                other = parent.right if parent.left is read else parent.left
-                other_code = cst.Module(body=[]).code_for_node(other)
-                if any(n in other_code for n in target.policy):
-                    node = parent
+            node = _weighted_product(read, target, scope)
             if usable(node, target.mask):
                 found.append(widened(replace(target, node=node), scope.parent_of(node)))
     if not found and target.mask and usable(estimate_node, None):
         found.append(replace(estimate, mask=None))
     return found
+
+
+def _weighted_product(node: cst.CSTNode, target: Target, scope: Scope) -> cst.CSTNode:
+    """``log_ratio.detach() * logp`` (a score-function penalty): the product,
+    whose value the surrogate keeps as a whole, when ``node`` is its
+    (detached) weight; else ``node``."""
+    parent = scope.parent_of(node)
+    grandparent = scope.parent_of(parent) if parent is not None else None
+    if (
+        isinstance(parent, cst.Attribute)
+        and parent.attr.value == "detach"
+        and isinstance(grandparent, cst.Call)
+    ):
+        node, parent = grandparent, scope.parent_of(grandparent)
+    if isinstance(parent, cst.BinaryOperation) and isinstance(parent.operator, cst.Multiply):
+        other = parent.right if parent.left is node else parent.left
+        other_code = cst.Module(body=[]).code_for_node(other)
+        if any(n in other_code for n in target.policy):
+            return parent
+    return node
 
 
 def _verified(

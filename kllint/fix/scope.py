@@ -30,6 +30,7 @@ class Scope:
     """Parents and positions of one module's nodes (computed once per file)."""
 
     def __init__(self, module: cst.Module) -> None:
+        self.module = module
         self.positions = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
         visitor = _Parents()
         module.visit(visitor)
@@ -100,7 +101,11 @@ class Scope:
             return True
         here = self.start(self.statement_of(node))
         bindings = [self.start(n) for n in _bindings(fn, root)]
-        return not bindings or any(b < here for b in bindings)
+        if bindings:
+            return any(b < here for b in bindings)
+        # Not bound in the function: a module-level name (an import, a
+        # constant, a function), never one the rewrite would invent.
+        return root in _module_names(self.module)
 
     def assigned_name(self, node: cst.CSTNode) -> str | None:
         """``v`` when ``node`` is the whole value of ``v = node``."""
@@ -187,6 +192,34 @@ class _Masks(cst.CSTVisitor):
     def visit_Arg(self, node: cst.Arg) -> bool:
         node.value.visit(self)  # not the keyword (``loss_mask=``)
         return False
+
+
+def _module_names(module: cst.Module) -> set[str]:
+    names: set[str] = set()
+    for statement in module.body:
+        if isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
+            names.add(statement.name.value)
+        elif isinstance(statement, cst.SimpleStatementLine):
+            for small in statement.body:
+                if isinstance(small, (cst.Import, cst.ImportFrom)) and not isinstance(
+                    small.names, cst.ImportStar
+                ):
+                    for alias in small.names:
+                        bound: cst.BaseExpression = (
+                            alias.asname.name if alias.asname else alias.name
+                        )
+                        while isinstance(bound, cst.Attribute):
+                            bound = bound.value
+                        if isinstance(bound, cst.Name):
+                            names.add(bound.value)
+                elif isinstance(small, (cst.Assign, cst.AnnAssign)):
+                    targets = (
+                        [t.target for t in small.targets]
+                        if isinstance(small, cst.Assign)
+                        else [small.target]
+                    )
+                    names.update(t.value for t in targets if isinstance(t, cst.Name))
+    return names
 
 
 class _Assignments(cst.CSTVisitor):
