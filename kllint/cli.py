@@ -172,6 +172,16 @@ def main() -> None:
     is_flag=True,
     help="Analyse every file again; neither read nor write .kllint_cache/ (or $KLLINT_CACHE_DIR).",
 )
+# --- fix mode (kllint.fix): Ruff's flags and exit codes
+@click.option("--fix", is_flag=True, help="Apply the safe fixes (verified rewrites).")
+@click.option("--unsafe-fixes", is_flag=True, help="Also offer and apply the unsafe fixes.")
+@click.option(
+    "--diff",
+    is_flag=True,
+    help="Print a unified diff of what --fix would write; change nothing (exit 1 if it would).",
+)
+@click.option("--show-fixes", is_flag=True, help="List the fixes applied (or that would be).")
+# --- end of fix mode
 def check(
     paths: tuple[Path, ...],
     select: tuple[str, ...],
@@ -192,6 +202,10 @@ def check(
     confirm: bool,
     jobs: int | None,
     no_cache: bool,
+    fix: bool = False,
+    unsafe_fixes: bool = False,
+    diff: bool = False,
+    show_fixes: bool = False,
 ) -> None:
     """Lint PATHS (default: the current directory; `-` reads standard input)
     for KL regularisers whose gradient is not the one intended.
@@ -210,6 +224,8 @@ def check(
         _fail("error: `-` (standard input) cannot be combined with other paths")
     if from_stdin and add_noqa:
         _fail("error: --add-noqa edits files; it cannot be used with standard input")
+    if from_stdin and (fix or diff):
+        _fail("error: --fix and --diff edit files; they cannot be used with standard input")
     stdin_path = Path(stdin_filename) if stdin_filename else Path("-")
     targets = [stdin_path] if from_stdin else (list(paths) or [Path(".")])
     try:
@@ -250,6 +266,13 @@ def check(
         return
     if confirm and result.findings:
         _confirm(result)
+    fixable = result.findings and not from_stdin
+    if fixable and (fix or diff or show_fixes or output_format in ("json", "sarif")):
+        from kllint.fix.command import FixMode
+
+        mode = FixMode(fix=fix, unsafe=unsafe_fixes, diff=diff, show=show_fixes)
+        if mode.run(result, settings, output_format) is not None:
+            raise click.exceptions.Exit(mode.exit_code or 0)
 
     use_color = _use_color(color, output_file)
     if statistics:

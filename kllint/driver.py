@@ -62,6 +62,20 @@ def check_source(source: str, path: str, project: Project, roles: RolePatterns) 
     if not configured and not may_hold_kl_site(source):
         _syntax_check(source, path)
         return []
+    module, sinks = interpret(source, path, project, roles)
+    verdicts = _verdicts(sinks, path)
+    clear_caches()
+    if not verdicts:
+        return []
+    _place([v.site.origin for v in verdicts], module)
+    return sorted((_finding(v.rule, v.site, v.alternatives) for v in verdicts), key=Finding.sort_key)
+
+
+def interpret(
+    source: str, path: str, project: Project, roles: RolePatterns
+) -> tuple[cst.Module, list[Sink]]:
+    """Parse one file and interpret every function and the module's own
+    statements: the values that reach a loss."""
     module = cst.parse_module(source)
     info = project.add_module(Path(path), module, source)
     context = FileContext(
@@ -76,13 +90,15 @@ def check_source(source: str, path: str, project: Project, roles: RolePatterns) 
         Interpreter(context, info, cls).run_function(fn)
     top_level = [s for s in module.body if not isinstance(s, (cst.FunctionDef, cst.ClassDef))]
     Interpreter(context, info).exec_block(top_level)
+    return module, context.sinks
 
-    verdicts = _verdicts(context.sinks, path)
-    clear_caches()
-    if not verdicts:
-        return []
-    _place([v.site.origin for v in verdicts], module)
-    return sorted((_finding(v.rule, v.site, v.alternatives) for v in verdicts), key=Finding.sort_key)
+
+def kl_sites(sinks: list[Sink], path: str) -> Iterator[KLSite]:
+    """Every KL site of the sinks, as the rules see them, correct or not
+    (``--fix`` confirms a rewritten expression from these)."""
+    for sink in _judged(sinks):
+        for branch, loss in _alternatives(sink.value):
+            yield from _sites(sink, branch, loss, kl_terms(loss), path)
 
 
 def _syntax_check(source: str, path: str) -> None:

@@ -39,6 +39,9 @@ class Finding:
     # In a notebook: the 1-based number of the cell (markdown cells count),
     # and ``line`` counts from the cell's first line.
     cell: int | None = None
+    # Filled by the fixer (kllint.fix): Ruff's fix shape {"applicability",
+    # "message", "edits": [...]}, or None when no verified fix exists.
+    fix: dict[str, Any] | None = None
 
     def sort_key(self) -> tuple[str, int, int, int, str]:
         return (self.path, self.cell or 0, self.line, self.column, self.code)

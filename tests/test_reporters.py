@@ -115,7 +115,7 @@ def test_json_objects_sorted_by_path_line_column() -> None:
         ("train.py", 5, "KL005"),
     ]
     keys = {"code", "name", "path", "line", "column", "end_line", "end_column"}
-    keys |= {"severity", "message", "notes", "fix_title", "facts", "cell"}
+    keys |= {"severity", "message", "notes", "fix_title", "facts", "cell", "fix"}
     assert all(set(e) == keys for e in entries)
     k2 = entries[1]
     assert k2["name"] == "differentiated-k3-estimate"

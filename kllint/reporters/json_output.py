@@ -1,9 +1,9 @@
 """``--format json``: one array of findings and file errors, by path, line, column.
 
 Each finding is ``{code, name, path, cell, line, column, end_line,
-end_column, severity, message, notes, fix_title, facts}`` plus
+end_column, severity, message, notes, fix_title, facts, fix}`` plus
 ``confirmation`` after ``--confirm``; a file error has the same keys with
-code ``E999``. Lines and columns are 1-based; ``end_column`` is exclusive.
+code ``E999`` (or ``E998``). Lines and columns are 1-based; ``end_column`` is exclusive.
 ``cell`` is ``null`` outside notebooks; in one, the 1-based cell number,
 and lines count from the cell's first line."""
 
@@ -36,6 +36,7 @@ def _entry(entry: Finding | FileError) -> dict[str, Any]:
             "notes": [],
             "fix_title": None,
             "facts": {},
+            "fix": None,
         }
     data = {
         "code": entry.code,
@@ -51,7 +52,17 @@ def _entry(entry: Finding | FileError) -> dict[str, Any]:
         "notes": entry.notes,
         "fix_title": entry.fix_title,
         "facts": entry.facts,
+        "fix": _fix(entry),
     }
     if entry.confirmation is not None:
         data["confirmation"] = entry.confirmation
     return data
+
+
+def _fix(entry: Finding) -> dict[str, Any] | None:
+    """Ruff's shape; ``confirmation`` (the harness on the rewrite) only with --confirm."""
+    if entry.fix is None:
+        return None
+    if entry.confirmation is None:
+        return {k: v for k, v in entry.fix.items() if k != "confirmation"}
+    return entry.fix

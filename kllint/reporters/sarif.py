@@ -111,6 +111,33 @@ def _result(f: Finding, result: LintResult, root: Path, seen: Counter[str]) -> d
         "locations": [_notebook_location(f, uri) or _location(uri, start, end)],
         "partialFingerprints": {"primaryLocationLineHash": f"{line_hash[:16]}:{seen[line_hash]}"},
         "properties": properties,
+        **({"fixes": [_fix(f, uri, result)]} if f.fix is not None else {}),
+    }
+
+
+def _fix(f: Finding, uri: str, result: LintResult) -> dict[str, Any]:
+    """A SARIF fix: the finding's edits as replacements of its artifact
+    (1-based lines; columns in UTF-16 code units, end exclusive)."""
+    assert f.fix is not None
+    replacements = []
+    for e in f.fix["edits"]:
+        start, end = e["location"], e["end_location"]
+        first = source_line(result, f.path, start["row"]) or ""
+        last = source_line(result, f.path, end["row"]) or ""
+        replacements.append(
+            {
+                "deletedRegion": {
+                    "startLine": start["row"],
+                    "startColumn": _utf16_column(first, start["column"]),
+                    "endLine": end["row"],
+                    "endColumn": _utf16_column(last, end["column"]),
+                },
+                "insertedContent": {"text": e["content"]},
+            }
+        )
+    return {
+        "description": {"text": f.fix["message"]},
+        "artifactChanges": [{"artifactLocation": {"uri": uri}, "replacements": replacements}],
     }
 
 

@@ -1,0 +1,159 @@
+"""The narrow interface between the fixer and the analysis.
+
+Everything the fixer needs from a finding is read here into a :class:`Target`
+(the expression to replace, the user's names for the log-probs and the mask,
+whether the log-probs are per token), and the KL sites of a rewritten module
+are obtained here. If the analysis changes shape, only this module follows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import libcst as cst
+
+from kllint.analysis import ir
+from kllint.analysis.gradient import Credit, Direction
+from kllint.analysis.ir import Level, Role
+from kllint.analysis.project import Project
+from kllint.analysis.sites import KLSite
+from kllint.config import Settings
+from kllint.driver import check_source, interpret, kl_sites
+from kllint.findings import Finding
+
+
+@dataclass(frozen=True)
+class Target:
+    """What a finding says about the expression a fix would replace."""
+
+    finding: Finding
+    node: cst.CSTNode | None  # in the module returned by :func:`analyse`
+    term: ir.Node
+    policy: tuple[str, ...]  # policy log-probs inside the estimate
+    reference: tuple[str, ...]
+    behaviour: tuple[str, ...]
+    mask: str | None
+    per_token: bool  # log-probs of the tokens of a sequence (a time axis)
+    score_function: bool  # the KL enters only as a detached weight
+    importance_weighted: bool
+    per_sequence_mean: bool  # a mean over each sequence's own tokens (1/|y|)
+    sequence_atoms: bool  # log-probs of whole sequences (one action each)
+    in_helper: str | None  # the helper the estimate is computed in, if any
+    # The mask (and so the time axis) was read off the loss's code, not the IR.
+    inferred_mask: bool = False
+
+
+@dataclass(frozen=True)
+class Analysis:
+    module: cst.Module
+    findings: list[Finding]
+
+
+def analyse(source: str, path: str, settings: Settings) -> Analysis:
+    """Lint one file's text with a project of its own, keeping the module the
+    findings' nodes belong to (the fixer edits that very tree). Raises
+    ``libcst.ParserSyntaxError`` when the text does not parse."""
+    project = _project(path, settings)
+    findings = check_source(source, path, project, settings.roles)
+    info = project.module_at(Path(path))
+    module = info.module if info is not None else cst.parse_module(source)
+    return Analysis(module, [f for f in findings if f.code in settings.select])
+
+
+def target(finding: Finding) -> Target | None:
+    site = finding.site
+    if site is None:
+        return None
+    node = site.origin.cst_node
+    return Target(
+        finding=finding,
+        node=node if isinstance(node, cst.CSTNode) else None,
+        term=site.term,
+        policy=tuple(_names(site.focus, Role.POLICY_LOGP)),
+        reference=tuple(_names(site.focus, Role.REFERENCE_LOGP)),
+        behaviour=tuple(_names(site.focus, Role.OLD_LOGP)),
+        mask=_mask(site.term),
+        per_token=site.has_time_axis
+        and all(a.level is Level.TOKEN for a in site.focus.atoms() if a.role in _LOGPROBS),
+        score_function=site.score_function,
+        importance_weighted=site.importance_weighted,
+        per_sequence_mean=_per_sequence_mean(site.term),
+        sequence_atoms=any(
+            a.level is Level.SEQUENCE for a in site.focus.atoms() if a.role in _LOGPROBS
+        ),
+        in_helper=site.origin.helper,
+    )
+
+
+@dataclass(frozen=True)
+class RewrittenSite:
+    """A KL site of the rewritten module: its term, branch and whether the
+    static profile calls its gradient the one of KL(pi||pi_ref)."""
+
+    term: ir.Node
+    branch: str
+    node: cst.CSTNode | None
+    statically_correct: bool
+    negated: bool  # the gradient of KL(pi||pi_ref) with the wrong sign
+    profile: str
+
+
+def sites(source: str, path: str, settings: Settings) -> tuple[cst.Module, list[RewrittenSite]]:
+    """Every KL site of a module, correct or not (the rules report only the
+    wrong ones): the fixer confirms the rewritten expression from these."""
+    module, sinks = interpret(source, path, _project(path, settings), settings.roles)
+    found = [_rewritten(site) for site in kl_sites(sinks, path)]
+    return module, found
+
+
+def _rewritten(site: KLSite) -> RewrittenSite:
+    p = site.profile
+    node = site.origin.cst_node
+    return RewrittenSite(
+        term=site.term,
+        branch=site.branch,
+        node=node if isinstance(node, cst.CSTNode) else None,
+        statically_correct=p.direction is Direction.KL
+        and p.scale > 0
+        and (p.credit is Credit.REWARD_TO_GO or not site.has_time_axis),
+        negated=p.direction is Direction.KL and p.scale < 0,
+        profile=f"{p.direction.value}, scale {p.scale:+.3g}, credit {p.credit.value}",
+    )
+
+
+_LOGPROBS = (Role.POLICY_LOGP, Role.REFERENCE_LOGP, Role.OLD_LOGP)
+
+
+def _project(path: str, settings: Settings) -> Project:
+    return Project(list(dict.fromkeys([settings.root, Path(path).parent])))
+
+
+def _names(node: ir.Node, role: Role) -> list[str]:
+    seen: list[str] = []
+    for atom in node.atoms():
+        if atom.role is role and atom.name not in seen:
+            seen.append(atom.name)
+    return seen
+
+
+def _mask(term: ir.Node) -> str | None:
+    for node in term.walk():
+        if isinstance(node, ir.Reduce) and isinstance(node.mask, ir.Atom):
+            return node.mask.name
+    for atom in term.atoms():
+        if atom.role is Role.MASK:
+            return atom.name
+    return None
+
+
+def _per_sequence_mean(term: ir.Node) -> bool:
+    """A mean over each sequence's own tokens: ``x.mean(-1)`` with a mask, or
+    ``(x * mask).sum(-1) / mask.sum(-1)``."""
+    for n in term.walk():
+        if isinstance(n, ir.Reduce) and n.kind == "mean" and n.axis is ir.Axis.TIME:
+            return True
+        if isinstance(n, ir.Binary) and n.op == "div":
+            if any(isinstance(d, ir.Reduce) and d.axis is ir.Axis.TIME for d in n.right.walk()):
+                return True
+    return False

@@ -1,0 +1,306 @@
+"""Where a name is bound, for placing a rewrite: the surrogate may only use
+names that hold their value where it is written (GRPO code often builds the
+completion mask *after* the KL estimate), and a KL computed under
+``torch.no_grad()`` is fixed where it is used, not where it is computed."""
+
+from __future__ import annotations
+
+import libcst as cst
+from libcst.metadata import MetadataWrapper, PositionProvider
+
+Position = tuple[int, int]
+
+
+class _Parents(cst.CSTVisitor):
+    def __init__(self) -> None:
+        self.parent: dict[int, cst.CSTNode] = {}
+        self.stack: list[cst.CSTNode] = []
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if self.stack:
+            self.parent[id(node)] = self.stack[-1]
+        self.stack.append(node)
+        return True
+
+    def on_leave(self, original_node: cst.CSTNode) -> None:
+        self.stack.pop()
+
+
+class Scope:
+    """Parents and positions of one module's nodes (computed once per file)."""
+
+    def __init__(self, module: cst.Module) -> None:
+        self.module = module
+        self.positions = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
+        visitor = _Parents()
+        module.visit(visitor)
+        self.parent = visitor.parent
+
+    def parent_of(self, node: cst.CSTNode) -> cst.CSTNode | None:
+        return self.parent.get(id(node))
+
+    def start(self, node: cst.CSTNode) -> Position:
+        r = self.positions[node]
+        return r.start.line, r.start.column
+
+    def end(self, node: cst.CSTNode) -> Position:
+        r = self.positions[node]
+        return r.end.line, r.end.column
+
+    def function_of(self, node: cst.CSTNode) -> cst.FunctionDef | None:
+        current = self.parent_of(node)
+        while current is not None and not isinstance(current, cst.FunctionDef):
+            current = self.parent_of(current)
+        return current
+
+    def statement_of(self, node: cst.CSTNode) -> cst.CSTNode:
+        current: cst.CSTNode = node
+        while not isinstance(current, (cst.BaseSmallStatement, cst.BaseCompoundStatement)):
+            parent = self.parent_of(current)
+            if parent is None:
+                return current
+            current = parent
+        return current
+
+    def bound_before(self, expression: str, node: cst.CSTNode) -> bool:
+        """Every name ``expression`` reads (``self`` of ``self.mask``) is a
+        parameter of the enclosing function or assigned before ``node``'s
+        statement; a name the function never binds is taken as global."""
+        roots = _read_names(expression)
+        if roots is None:
+            return False
+        return all(self._bound_before(root, node) for root in roots)
+
+    def variable_for(self, expression: str, node: cst.CSTNode) -> str | None:
+        """The variable the function assigned ``expression`` to, up to a cast
+        (``completion_mask = (idx <= eos).int()``): the analysis names a value
+        by its expression, the user by the variable."""
+        fn = self.function_of(node)
+        if fn is None:
+            return None
+        wanted = _normalised(expression)
+        finder = _Assignments()
+        fn.body.visit(finder)
+        for name, value in finder.found:
+            if _normalised(_code(_uncast(value))) == wanted:
+                return name
+        return None
+
+    def _bound_before(self, root: str, node: cst.CSTNode) -> bool:
+        fn = self.function_of(node)
+        if fn is None:
+            return True
+        params = fn.params
+        names = [
+            p.name.value for p in (*params.posonly_params, *params.params, *params.kwonly_params)
+        ]
+        names += [
+            s.name.value for s in (params.star_arg, params.star_kwarg) if isinstance(s, cst.Param)
+        ]
+        if root in names:
+            return True
+        here = self.start(self.statement_of(node))
+        bindings = [self.start(n) for n in _bindings(fn, root)]
+        if bindings:
+            return any(b < here for b in bindings)
+        # Not bound in the function: a module-level name (an import, a
+        # constant, a function), never one the rewrite would invent.
+        return root in _module_names(self.module)
+
+    def assigned_name(self, node: cst.CSTNode) -> str | None:
+        """``v`` when ``node`` is the whole value of ``v = node``."""
+        parent = self.parent_of(node)
+        if (
+            isinstance(parent, cst.Assign)
+            and parent.value is node
+            and len(parent.targets) == 1
+            and isinstance(parent.targets[0].target, cst.Name)
+        ):
+            return parent.targets[0].target.value
+        return None
+
+    def mask_near(self, name: str, node: cst.CSTNode) -> str | None:
+        """A mask the reads of ``name`` are reduced with (``response_mask`` in
+        ``agg_loss(loss_mat=kld, loss_mask=response_mask)``), by its name."""
+        for read in self.loads_after(name, node):
+            found = self.mask_in(read)
+            if found is not None:
+                return found
+        return None
+
+    def mask_in(self, node: cst.CSTNode) -> str | None:
+        """A mask in the statement of ``node`` (an estimate reduced inline)."""
+        finder = _Masks()
+        self.statement_of(node).visit(finder)
+        return finder.found[0] if finder.found else None
+
+    def loads_after(self, name: str, node: cst.CSTNode) -> list[cst.Name]:
+        """Reads of ``name`` after ``node``'s statement, in the same function, in order."""
+        fn = self.function_of(node)
+        if fn is None:
+            return []
+        after = self.end(self.statement_of(node))
+        stores = {id(n) for n in _bindings(fn, name)}
+        found = [n for n in _names(fn, name) if id(n) not in stores and self.start(n) >= after]
+        return sorted(found, key=self.start)
+
+
+_CASTS = frozenset({"int", "float", "bool", "long", "half", "bfloat16", "double", "to", "type"})
+
+
+def _code(node: cst.CSTNode) -> str:
+    return cst.Module(body=[]).code_for_node(node)
+
+
+def _uncast(node: cst.BaseExpression) -> cst.BaseExpression:
+    while (
+        isinstance(node, cst.Call)
+        and isinstance(node.func, cst.Attribute)
+        and node.func.attr.value in _CASTS
+    ):
+        node = node.func.value
+    return node
+
+
+def _normalised(text: str) -> str:
+    text = "".join(text.split())
+    while text.startswith("(") and text.endswith(")"):
+        text = text[1:-1]
+    return text
+
+
+class _Masks(cst.CSTVisitor):
+    """Names and attribute chains whose last word is ``mask`` (``action_mask``,
+    ``experience.action_mask``), in source order."""
+
+    def __init__(self) -> None:
+        self.found: list[str] = []
+
+    def _is_mask(self, identifier: str) -> bool:
+        return identifier.lower().split("_")[-1] == "mask"
+
+    def visit_Attribute(self, node: cst.Attribute) -> bool:
+        if self._is_mask(node.attr.value) and isinstance(node.value, (cst.Name, cst.Attribute)):
+            self.found.append(_code(node))
+            return False
+        return True
+
+    def visit_Name(self, node: cst.Name) -> None:
+        if self._is_mask(node.value):
+            self.found.append(node.value)
+
+    def visit_Arg(self, node: cst.Arg) -> bool:
+        node.value.visit(self)  # not the keyword (``loss_mask=``)
+        return False
+
+
+def _module_names(module: cst.Module) -> set[str]:
+    names: set[str] = set()
+    for statement in module.body:
+        if isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
+            names.add(statement.name.value)
+        elif isinstance(statement, cst.SimpleStatementLine):
+            for small in statement.body:
+                if isinstance(small, (cst.Import, cst.ImportFrom)) and not isinstance(
+                    small.names, cst.ImportStar
+                ):
+                    for alias in small.names:
+                        bound: cst.BaseExpression = (
+                            alias.asname.name if alias.asname else alias.name
+                        )
+                        while isinstance(bound, cst.Attribute):
+                            bound = bound.value
+                        if isinstance(bound, cst.Name):
+                            names.add(bound.value)
+                elif isinstance(small, (cst.Assign, cst.AnnAssign)):
+                    targets = (
+                        [t.target for t in small.targets]
+                        if isinstance(small, cst.Assign)
+                        else [small.target]
+                    )
+                    names.update(t.value for t in targets if isinstance(t, cst.Name))
+    return names
+
+
+class _Assignments(cst.CSTVisitor):
+    def __init__(self) -> None:
+        self.found: list[tuple[str, cst.BaseExpression]] = []
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        if len(node.targets) == 1 and isinstance(node.targets[0].target, cst.Name):
+            self.found.append((node.targets[0].target.value, node.value))
+
+
+class _Reads(cst.CSTVisitor):
+    def __init__(self) -> None:
+        self.names: set[str] = set()
+
+    def visit_Name(self, node: cst.Name) -> None:
+        self.names.add(node.value)
+
+    def visit_Attribute(self, node: cst.Attribute) -> bool:
+        node.value.visit(self)  # ``mask`` of ``mask.sum``, not ``sum``
+        return False
+
+
+def _read_names(expression: str) -> set[str] | None:
+    try:
+        node = cst.parse_expression(expression)
+    except cst.ParserSyntaxError:
+        return None
+    reads = _Reads()
+    node.visit(reads)
+    return reads.names
+
+
+class _Collect(cst.CSTVisitor):
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.names: list[cst.Name] = []
+        self.bindings: list[cst.Name] = []
+
+    def visit_Name(self, node: cst.Name) -> None:
+        if node.value == self.name:
+            self.names.append(node)
+
+    def _bind(self, target: cst.BaseExpression) -> None:
+        if isinstance(target, cst.Name) and target.value == self.name:
+            self.bindings.append(target)
+        elif isinstance(target, (cst.Tuple, cst.List)):
+            for element in target.elements:
+                self._bind(element.value)
+        elif isinstance(target, cst.StarredElement):
+            self._bind(target.value)
+
+    def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
+        self._bind(node.target)
+
+    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+        self._bind(node.target)
+
+    def visit_AugAssign(self, node: cst.AugAssign) -> None:
+        self._bind(node.target)
+
+    def visit_For(self, node: cst.For) -> None:
+        self._bind(node.target)
+
+    def visit_AsName(self, node: cst.AsName) -> None:
+        if isinstance(node.name, cst.BaseExpression):
+            self._bind(node.name)
+
+    def visit_NamedExpr(self, node: cst.NamedExpr) -> None:
+        self._bind(node.target)
+
+
+def _collect(fn: cst.FunctionDef, name: str) -> _Collect:
+    visitor = _Collect(name)
+    fn.body.visit(visitor)
+    return visitor
+
+
+def _bindings(fn: cst.FunctionDef, name: str) -> list[cst.Name]:
+    return _collect(fn, name).bindings
+
+
+def _names(fn: cst.FunctionDef, name: str) -> list[cst.Name]:
+    return _collect(fn, name).names

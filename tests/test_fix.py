@@ -1,0 +1,212 @@
+"""``kllint --fix``: each pitfall rewritten into a surrogate that keeps the
+value the code logs and has the gradient of KL(pi||pi_ref), written only after
+it is proved (the module re-parses, re-lints clean at that site, a second run
+changes nothing, and with torch the harness confirms the rewritten term)."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+from kllint.cli import main
+
+# GRPO's k3 penalty summed over each sequence's tokens: KL002.
+K3_LOSS = """\
+import torch
+
+
+def grpo_loss(per_token_logps, ref_per_token_logps, advantages, completion_mask, beta):
+    ratio = torch.exp(per_token_logps - per_token_logps.detach())
+    # k3, logged as "kl"
+    per_token_kl = torch.exp(ref_per_token_logps - per_token_logps) - (ref_per_token_logps - per_token_logps) - 1
+    per_token_loss = -ratio * advantages.unsqueeze(1) + beta * per_token_kl
+    return (per_token_loss * completion_mask).sum(dim=1).mean()
+"""
+
+K3_FIXED = K3_LOSS.replace(
+    "    per_token_kl = torch.exp(ref_per_token_logps - per_token_logps) - (ref_per_token_logps - per_token_logps) - 1\n",
+    "    per_token_kl = (torch.exp(ref_per_token_logps - per_token_logps) - (ref_per_token_logps - per_token_logps) - 1).detach()"
+    " + ((per_token_logps - ref_per_token_logps).detach() * completion_mask).flip(-1).cumsum(-1).flip(-1)"
+    " * (per_token_logps - per_token_logps.detach())\n",
+)
+
+# The same bug, but each sequence divided by its own length (1/|y|): the
+# rewrite is right only for equal lengths, so it is unsafe.
+K3_PER_SEQUENCE_MEAN = K3_LOSS.replace(
+    "(per_token_loss * completion_mask).sum(dim=1).mean()",
+    "((per_token_loss * completion_mask).sum(dim=1) / completion_mask.sum(dim=1)).mean()",
+)
+
+# k3 as a reward: a correct rewrite would change the reward's value, no fix.
+K3_REWARD = """\
+import torch
+
+
+def reinforce_loss(logp, ref_logp, scores):
+    with torch.no_grad():
+        kl = torch.exp(ref_logp - logp) - (ref_logp - logp) - 1
+        reward = scores - 0.1 * kl.sum(-1)
+    return -(reward * logp.sum(-1)).mean()
+"""
+
+
+def kllint(*args: str) -> Result:
+    return CliRunner().invoke(main, list(args))
+
+
+@pytest.fixture(autouse=True)
+def _in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+
+
+def write(name: str, text: str) -> Path:
+    path = Path(name)
+    path.write_text(text)
+    return path
+
+
+def test_fix_writes_the_value_preserving_surrogate_and_exits_0() -> None:
+    path = write("grpo.py", K3_LOSS)
+    result = kllint("--fix", "grpo.py")
+    assert result.exit_code == 0, result.output
+    assert path.read_text() == K3_FIXED
+    # The comment and everything but the estimate are untouched.
+    assert '# k3, logged as "kl"' in path.read_text()
+
+
+def test_fix_twice_changes_nothing() -> None:
+    path = write("grpo.py", K3_LOSS)
+    kllint("--fix", "grpo.py")
+    once = path.read_text()
+    result = kllint("--fix", "grpo.py")
+    assert result.exit_code == 0
+    assert path.read_text() == once
+
+
+def test_diff_prints_what_fix_would_write_and_changes_nothing() -> None:
+    path = write("grpo.py", K3_LOSS)
+    result = kllint("--diff", "grpo.py")
+    assert result.exit_code == 1
+    assert path.read_text() == K3_LOSS
+    assert result.output.startswith("--- a/grpo.py\n+++ b/grpo.py\n")
+    assert "+    per_token_kl = (torch.exp(" in result.output
+    assert kllint("--diff", "--select", "KL005", "grpo.py").exit_code == 0  # nothing to change
+
+
+def test_unsafe_fix_needs_the_flag() -> None:
+    path = write("grpo.py", K3_PER_SEQUENCE_MEAN)
+    result = kllint("--fix", "grpo.py")
+    assert result.exit_code == 1  # the finding remains
+    assert path.read_text() == K3_PER_SEQUENCE_MEAN
+    entry = json.loads(kllint("--format", "json", "grpo.py").output)[0]
+    assert entry["fix"]["applicability"] == "unsafe"
+    assert any("1/|y|" in note for note in entry["fix"]["notes"])
+    result = kllint("--fix", "--unsafe-fixes", "grpo.py")
+    assert result.exit_code == 0, result.output
+    assert ".flip(-1).cumsum(-1).flip(-1)" in path.read_text()
+
+
+def test_show_fixes_lists_what_was_fixed() -> None:
+    write("grpo.py", K3_LOSS)
+    result = kllint("--fix", "--show-fixes", "grpo.py")
+    assert "Fixed 1 finding(s):" in result.output
+    assert "grpo.py:7: KL002 [safe]" in result.output
+
+
+def test_json_fix_has_ruffs_shape() -> None:
+    write("grpo.py", K3_LOSS)
+    (entry,) = json.loads(kllint("--format", "json", "grpo.py").output)
+    fix = entry["fix"]
+    assert fix["applicability"] == "safe"
+    assert fix["message"].startswith("Keep the value of `torch.exp(")
+    (edit,) = fix["edits"]
+    assert edit["location"] == {"row": 7, "column": 20}
+    assert edit["end_location"] == {"row": 7, "column": 114}
+    # Applying the edit to the text gives exactly what --fix writes.
+    lines = K3_LOSS.splitlines(keepends=True)
+    row = lines[6]
+    lines[6] = row[:19] + edit["content"] + row[113:]
+    assert "".join(lines) == K3_FIXED
+    assert "confirmation" not in fix  # only with --confirm
+
+
+def test_json_fix_is_null_with_the_reason_when_there_is_none() -> None:
+    write("reinforce.py", K3_REWARD)
+    (entry,) = json.loads(kllint("--format", "json", "reinforce.py").output)
+    assert entry["code"] == "KL004"
+    assert entry["fix"] is None
+    assert "changes the reward's value" in entry["facts"]["fix_unavailable"]
+
+
+def test_confirm_adds_the_harness_verdict_on_the_rewrite() -> None:
+    pytest.importorskip("torch")
+    write("grpo.py", K3_LOSS)
+    (entry,) = json.loads(kllint("--confirm", "--format", "json", "grpo.py").output)
+    confirmation = entry["fix"]["confirmation"]
+    assert confirmation["verdict"] == "correct"
+    assert confirmation["value_preserved"] is True
+    assert "reverse_cumsum" in confirmation["term"]
+
+
+def test_sarif_results_carry_fixes() -> None:
+    write("grpo.py", K3_LOSS)
+    (run,) = json.loads(kllint("--format", "sarif", "grpo.py").output)["runs"]
+    (fix,) = run["results"][0]["fixes"]
+    (change,) = fix["artifactChanges"]
+    assert change["artifactLocation"]["uri"].endswith("grpo.py")
+    (replacement,) = change["replacements"]
+    assert replacement["deletedRegion"] == {
+        "startLine": 7,
+        "startColumn": 20,
+        "endLine": 7,
+        "endColumn": 114,
+    }
+    assert replacement["insertedContent"]["text"].endswith("per_token_logps.detach())")
+
+
+def test_fix_keeps_crlf_bom_and_permissions() -> None:
+    path = Path("grpo.py")
+    path.write_bytes(b"\xef\xbb\xbf" + K3_LOSS.replace("\n", "\r\n").encode())
+    os.chmod(path, 0o640)
+    assert kllint("--fix", "grpo.py").exit_code == 0
+    data = path.read_bytes()
+    assert data.startswith(b"\xef\xbb\xbf")
+    assert data.count(b"\r\n") == K3_LOSS.count("\n") and b"\n" not in data.replace(b"\r\n", b"")
+    assert data[3:].decode().replace("\r\n", "\n") == K3_FIXED
+    assert stat.S_IMODE(path.stat().st_mode) == 0o640
+    stray = [p for p in Path(".").iterdir() if p.name not in ("grpo.py", ".kllint_cache")]
+    assert not stray  # no temporary left
+
+
+def test_an_interrupted_write_leaves_the_old_file(monkeypatch: pytest.MonkeyPatch) -> None:
+    path = write("grpo.py", K3_LOSS)
+
+    def interrupted(src: str, dst: str) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("kllint.fix.apply.os.replace", interrupted)
+    kllint("--fix", "--no-cache", "grpo.py")
+    assert path.read_text() == K3_LOSS
+    assert [p.name for p in Path(".").iterdir()] == ["grpo.py"]
+
+
+def test_a_read_only_folder_is_an_error_not_a_traceback() -> None:
+    if os.geteuid() == 0:
+        pytest.skip("root writes anywhere")
+    folder = Path("ro")
+    folder.mkdir()
+    path = folder / "grpo.py"
+    path.write_text(K3_LOSS)
+    folder.chmod(0o500)
+    try:
+        result = kllint("--fix", str(path))
+    finally:
+        folder.chmod(0o700)
+    assert result.exit_code == 2
+    assert "cannot write a fixed file" in result.output
+    assert path.read_text() == K3_LOSS
