@@ -38,6 +38,15 @@ def grpo_loss(policy_logp, ref_logp, advantages, beta=0.04):
     pg = -advantages * torch.exp(policy_logp - policy_logp.detach())
     return (pg + beta * kl).mean()
 """
+# A per-token k3 loss with a mask: --fix has a safe rewrite for it.
+FIXABLE = """\
+import torch
+
+
+def grpo_loss(per_token_logps, ref_per_token_logps, completion_mask, beta):
+    per_token_kl = torch.exp(ref_per_token_logps - per_token_logps) - (ref_per_token_logps - per_token_logps) - 1
+    return (beta * per_token_kl * completion_mask).sum(dim=1).mean()
+"""
 CLEAN = "def scale(rewards, beta):\n    return beta * rewards\n"
 GIT = ["git", "-c", "user.name=kllint tests", "-c", "user.email=tests@kllint.invalid"]
 GIT += ["-c", "commit.gpgsign=false", "-c", "init.defaultBranch=main"]
@@ -113,16 +122,18 @@ def pre_commit(
 ) -> Iterator[Any]:
     pytest.importorskip("pre_commit")
     root = project(tmp_path_factory.mktemp("pre-commit") / "project")
+    (root / "fixme.py").write_text(FIXABLE)  # for the fixing hook
     repo, rev = hook_repo
-    config = {"repos": [{"repo": str(repo), "rev": rev, "hooks": [{"id": "kllint"}]}]}
+    hooks = [{"id": "kllint"}, {"id": "kllint-fix", "stages": ["manual"]}]
+    config = {"repos": [{"repo": str(repo), "rev": rev, "hooks": hooks}]}
     (root / ".pre-commit-config.yaml").write_text(yaml.safe_dump(config))
     git(root, "add", "-A")
     # The hook's virtualenv is built once for the module, in a cache of its own.
     cache = tmp_path_factory.mktemp("pre-commit-home")
 
-    def run(*args: str) -> subprocess.CompletedProcess[str]:
+    def run(*args: str, hook: str = "kllint") -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "pre_commit", "run", "kllint", "--color", "never", *args],
+            [sys.executable, "-m", "pre_commit", "run", hook, "--color", "never", *args],
             cwd=root,
             capture_output=True,
             text=True,
@@ -155,6 +166,15 @@ def test_pre_commit_hook_skips_excluded_files_and_checks_notebooks(pre_commit: A
     assert "analysis.ipynb:cell 2:6:10: KL002" in run.stdout
     assert "grpo.py:6:10: KL002" in run.stdout
     assert "generated/" not in run.stdout
+
+
+def test_pre_commit_fix_hook_rewrites_the_file_and_fails_once(pre_commit: Any) -> None:
+    run = pre_commit("--files", "fixme.py", "--hook-stage", "manual", hook="kllint-fix")
+    # pre-commit fails a hook that changed a file: the fix is left to review.
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "files were modified by this hook" in run.stdout
+    run = pre_commit("--files", "fixme.py", "--hook-stage", "manual", hook="kllint-fix")
+    assert run.returncode == 0, run.stdout + run.stderr  # fixed: nothing left to report
 
 
 # ----------------------------------------------------------------- the Action
