@@ -178,8 +178,10 @@ class Expressions(Frame):
         return Unknown(name, (name,))
 
     def eval_attribute(self, expr: cst.Attribute) -> Value:
-        base = self.eval(expr.value)
-        attr = expr.attr.value
+        return self.attribute(self.eval(expr.value), expr.attr.value, expr)
+
+    def attribute(self, base: Value, attr: str, expr: cst.BaseExpression) -> Value:
+        """``base.attr``; also ``getattr(base, "attr")``."""
         if isinstance(base, (ir.Node, Choice)) and not isinstance(base, ir.Opaque):
             if attr == "data":
                 return self.lift1(base, lambda n: ir.detach(n, self.origin(expr)))

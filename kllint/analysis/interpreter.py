@@ -85,7 +85,14 @@ class Interpreter(Calls):
         for param in [*params.posonly_params, *params.params, *params.kwonly_params]:
             name = param.name.value
             if bound is not None and name in bound:
-                self.env[name] = bound[name]
+                value = bound[name]
+                if isinstance(value, Unknown) and value.logprob_op:
+                    # ``compute_kl(self.logprobs(model, batch), ref)``: a log-prob
+                    # the caller never named is named by the parameter. What the
+                    # caller did name keeps its role: a helper's names never
+                    # override it.
+                    value = self.resolve(replace(value, names=(*value.names, name)), name)
+                self.env[name] = value
             elif param.default is not None and (
                 bound is not None or selectors.is_selector_literal(param.default)
             ):
@@ -519,9 +526,22 @@ class Interpreter(Calls):
                 index += 1
         bound.update(ref.preset_kwargs)
         for arg in call.args:
-            if arg.star:
-                return Unknown(code(call), (ref.node.name.value,), call=True)
             value = self.eval(arg.value)
+            if arg.star == "**":
+                # ``**self.config.global_batch_info``: the entries kllint can read
+                # are bound; the others keep their defaults (normalisers, flags).
+                if isinstance(value, DictVal):
+                    bound.update(value.items)
+                continue
+            if arg.star == "*":
+                if not isinstance(value, Seq) or value.appended:
+                    index = len(positional)  # the rest of the positionals are unknown
+                    continue
+                for item in value.items:
+                    if index < len(positional):
+                        bound[positional[index].name.value] = item
+                        index += 1
+                continue
             if arg.keyword is not None:
                 bound[arg.keyword.value] = value
             elif index < len(positional):

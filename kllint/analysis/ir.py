@@ -75,6 +75,9 @@ class Origin:
     # What the code computes here when the IR holds a surrogate with the same
     # expected gradient instead (an exact divergence over the vocabulary).
     estimate: str | None = None
+    # What kllint assumed here because it could not follow the code (an
+    # unresolved callee taken for a reduction), said in the finding's notes.
+    assumed: str | None = None
 
     def describe(self) -> str:
         where = f"{self.path}:{self.line}"

@@ -122,9 +122,17 @@ def config_default(
     typed = typed_default(project, module, function, cls, base.names, attr)
     if typed is not None:
         return typed
-    if not any(w in CONFIG_WORDS for n in base.names for w in roles.words(n)):
+    config_at = next(
+        (i for i, n in enumerate(base.names) if any(w in CONFIG_WORDS for w in roles.words(n))),
+        None,
+    )
+    if config_at is None:
         return None
-    defaults = project.config_defaults(fs_path, attr)
+    # ``args.algo.kl.estimator`` from a dotted option ``--algo.kl.estimator``
+    # (nested after parsing), or ``getattr(args, "algo.kl.estimator")``.
+    nested = ".".join((*base.names[config_at + 1 :], attr))
+    defaults = project.config_defaults(fs_path, nested) if "." in nested else []
+    defaults = defaults or project.config_defaults(fs_path, attr)
     # ``args.x`` is an argparse namespace; ``config.x`` a config class or YAML.
     from_args = any("args" in roles.words(n) for n in base.names)
     preferred = [d for d in defaults if (d.kind == "argparse") == from_args]
