@@ -554,6 +554,12 @@ class Interpreter(Calls):
                 helper=helper_label(ref),
                 cst_node=call,
                 helper_node=ref.node,
+                reported_by_helper=ref.module.path != self.module.path
+                and sinks.is_loss_function(
+                    ref.node.name.value,
+                    ref.cls.node.name.value if ref.cls else None,
+                    _called_in(ref.module),
+                ),
             )
         callee = Interpreter(
             self.context,
@@ -660,6 +666,17 @@ def called_names(source: str) -> frozenset[str]:
     """Functions and methods a module calls by name (``f(...)``, ``self.f(...)``).
     A text scan: a LibCST visitor over the whole module costs more than the parse."""
     return frozenset(_CALL.findall(source))
+
+
+_CALLED: dict[int, tuple[ModuleInfo, frozenset[str]]] = {}
+
+
+def _called_in(module: ModuleInfo) -> frozenset[str]:
+    cached = _CALLED.get(id(module))
+    if cached is None or cached[0] is not module:
+        cached = (module, called_names(module.source))
+        _CALLED[id(module)] = cached
+    return cached[1]
 
 
 def iter_functions(module: ModuleInfo) -> Iterator[tuple[cst.FunctionDef, ClassInfo | None]]:

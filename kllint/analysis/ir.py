@@ -78,6 +78,9 @@ class Origin:
     # What kllint assumed here because it could not follow the code (an
     # unresolved callee taken for a reduction), said in the finding's notes.
     assumed: str | None = None
+    # A call of a loss function of another file: what it computes is that
+    # file's finding (one bug, one finding), not the caller's.
+    reported_by_helper: bool = False
 
     def describe(self) -> str:
         where = f"{self.path}:{self.line}"

@@ -327,6 +327,8 @@ def build_site(
         return None
     focus = focus_of(term)
     origin = focus.origin or term.origin or fallback
+    if origin.reported_by_helper:
+        return None
     return KLSite(
         term=term,
         focus=focus,
