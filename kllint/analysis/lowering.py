@@ -392,6 +392,13 @@ def _where(at: TorchCall, args: Args, kwargs: Kwargs) -> Value | None:
         return None
     condition, chosen, other = args
     if not (isinstance(condition, ir.Node) and is_mask(condition)):
+        # Any other condition (``denom > 0``, ``ratio > cap``) guards or clips:
+        # where only one side has a gradient path to the policy, that side is
+        # what flows (an empty-mask guard's 0, a truncation's constant cap).
+        if _flows(chosen) and not _flows(other):
+            return chosen
+        if _flows(other) and not _flows(chosen):
+            return other
         return ir.Opaque("torch.where")
     origin = at.origin
 
@@ -403,6 +410,12 @@ def _where(at: TorchCall, args: Args, kwargs: Kwargs) -> Value | None:
         return ir.binary("add", kept, rest, origin)
 
     return at.lift2(chosen, other, masked)
+
+
+def _flows(value: Value) -> bool:
+    if isinstance(value, Choice):
+        return any(_flows(v) for _, v in value.options)
+    return isinstance(value, ir.Node) and ir.depends_on_policy(value)
 
 
 def _mse_loss(at: TorchCall, args: Args, kwargs: Kwargs) -> Value | None:
