@@ -257,6 +257,9 @@ class Calls(Expressions):
             if method in DETACHING:
                 return replace(receiver, text=code(call), detached=True)
             if method == "gather":
+                index = args[1].value if len(args) > 1 else kwargs.get("index")
+                if index is not None and lowering.top_k_support(self.eval(index)):
+                    return receiver
                 return replace(receiver, distribution=False)
             if method in TENSOR_IDENTITY:
                 return receiver

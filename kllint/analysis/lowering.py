@@ -235,8 +235,13 @@ def _float(value: Value | None) -> float | None:
     return None
 
 
-def gathered(at: TorchCall, receiver: Value) -> Value:
-    """``log_probs.gather(-1, ids)``: the log-prob of the sampled token."""
+def gathered(at: TorchCall, receiver: Value, index: Value | None = None) -> Value:
+    """``log_probs.gather(-1, ids)``: the log-prob of the sampled token. A
+    gather at the indices of a top-k (``gather(-1, topk_ids)``) keeps k
+    entries of each next-token distribution: a summed divergence over them is
+    an exact one, not a sampled estimate."""
+    if top_k_support(index):
+        return receiver
     if isinstance(receiver, Unknown):
         return replace(receiver, distribution=False)
     return at.lift1(receiver, to_token_level)
@@ -324,7 +329,14 @@ def _size(at: TorchCall, receiver: Value, args: Args, kwargs: Kwargs) -> Value:
 
 
 def _gather(at: TorchCall, receiver: Value, args: Args, kwargs: Kwargs) -> Value:
-    return gathered(at, receiver)
+    return gathered(at, receiver, args[1] if len(args) > 1 else kwargs.get("index"))
+
+
+def top_k_support(index: Value | None) -> bool:
+    """Indices from ``torch.topk`` (``topk_ids``, ``top_k_indices``)."""
+    if not isinstance(index, Unknown):
+        return False
+    return any("topk" in n.lower().replace("_", "") for n in index.names)
 
 
 def _method_registry() -> dict[str, MethodLowering]:

@@ -267,6 +267,10 @@ class RolePatterns:
 
 
 def level_of(name: str) -> Level:
+    if "topk" in name.lower().replace("_", ""):
+        # ``student_topk_log_probs``: k entries of each next-token
+        # distribution (a top-k support), not the sampled token's log-prob.
+        return Level.DISTRIBUTION
     return Level.SEQUENCE if has_words(name, SEQUENCE_WORDS) else Level.TOKEN
 
 
