@@ -245,6 +245,8 @@ class Expressions(Frame):
             label = full_code(expr.slice[0].slice)
             return choice([(f"{label} == {key!r}", item) for key, item in base.items.items()])
         if isinstance(base, Seq):
+            if isinstance(key_value, Unknown) and isinstance(expr.slice[0].slice, cst.Index):
+                key_value = self.index_default(expr.slice[0].slice.value) or key_value
             return self.index_sequence(expr, base, key_value)
         if isinstance(base, Unknown):
             key = (
@@ -264,6 +266,30 @@ class Expressions(Frame):
         if isinstance(base, (ir.Node, Choice, Flipped)):
             return base  # slicing a tensor keeps what it is
         return Unknown(code(expr), ("subscript",))
+
+    def index_default(self, key: cst.BaseExpression) -> Py | None:
+        """``stack[args.kl_estimator]`` with ``kl_estimator: int = 2``: an int
+        setting used as an index is a selector; its default picks the item."""
+        if not isinstance(key, cst.Attribute):
+            return None
+        base = self.eval(key.value)
+        if not isinstance(base, Unknown):
+            return None
+        default = selectors.config_default(
+            self.context.project,
+            self.context.fs_path,
+            self.module,
+            self.function_node,
+            self.cls,
+            base,
+            key.attr.value,
+            index=True,
+        )
+        if default is not None and self.call_site is not None:
+            note = selectors.default_note(key, default)
+            if note not in self.call_site.notes:
+                self.call_site.notes.append(note)
+        return default
 
     def index_sequence(self, expr: cst.Subscript, base: Seq, key_value: Value | None) -> Value:
         """``pair[0]``; ``steps[t]`` of rows collected in a loop; ``options[i]``
