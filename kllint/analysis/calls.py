@@ -113,6 +113,10 @@ class Calls(Expressions):
                 for item in terms.items[1:]:
                     total = self.binary("add", total, item, call)
                 return total
+            if isinstance(terms, Seq) and len(terms.items) == 1 and terms.appended:
+                # ``sum(loss for mb in micro_batches)``: one row stands for
+                # every row (a sum over the batch keeps each token's gradient).
+                return terms.items[0]
         if name == "getattr" and len(args) >= 2:
             attr = self.eval(args[1].value)
             if isinstance(attr, Py) and isinstance(attr.value, str):

@@ -75,6 +75,8 @@ class Expressions(Frame):
             return FuncRef(_lambda_as_function(expr), self.module)
         if isinstance(expr, cst.DictComp):
             return self.eval_dict_comprehension(expr)
+        if isinstance(expr, (cst.ListComp, cst.GeneratorExp)):
+            return self.eval_comprehension(expr)
         return Unknown(code(expr), (type(expr).__name__,))
 
     def eval_unary(self, expr: cst.UnaryOperation) -> Value:
@@ -144,6 +146,19 @@ class Expressions(Frame):
                         self.env[n] = v
                 return DictVal(items)
         return Unknown(code(expr), ("comprehension",))
+
+    def eval_comprehension(self, expr: cst.ListComp | cst.GeneratorExp) -> Value:
+        """``[k3(lp, ref) for lp, ref in zip(logps, ref_logps)]`` over micro-
+        batches: like a loop body, the element is evaluated once with the
+        loop variables bound to what each row is; one item stands for every row."""
+        saved = dict(self.env)
+        loop: cst.CompFor | None = expr.for_in
+        while loop is not None:
+            self.bind_loop_target(loop.target, loop.iter, expr)
+            loop = loop.inner_for_in
+        item = self.eval(expr.elt)
+        self.env = saved
+        return Seq([item], appended=True)
 
     def lookup(self, name: str) -> Value:
         if name in self.env:

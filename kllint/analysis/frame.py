@@ -147,6 +147,14 @@ class Frame:
     def inline(self, ref: FuncRef, call: cst.Call) -> Value:
         raise NotImplementedError
 
+    def bind_loop_target(
+        self,
+        target: cst.BaseAssignTargetExpression,
+        iterable: cst.BaseExpression,
+        node: cst.CSTNode,
+    ) -> None:
+        raise NotImplementedError
+
     def add_sink(
         self,
         value: Value,
