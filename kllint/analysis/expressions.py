@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import libcst as cst
 
-from kllint.analysis import ir, roles, selectors
+from kllint.analysis import ir, lowering, roles, selectors
 from kllint.analysis.frame import Frame
 from kllint.analysis.ir import Role
 from kllint.analysis.module import dotted_name
@@ -55,6 +55,9 @@ class Expressions(Frame):
             left, right = self.eval(expr.left), self.eval(expr.right)
             if op is None:
                 return Unknown(code(expr), ("binop",))
+            log_prob = lowering.normalised_gather(op, left, right)
+            if log_prob is not None:
+                return log_prob
             return self.binary(op, left, right, expr)
         if isinstance(expr, (cst.Comparison, cst.BooleanOperation)):
             truth = self.truth(expr)

@@ -328,6 +328,29 @@ def _size(at: TorchCall, receiver: Value, args: Args, kwargs: Kwargs) -> Value:
     return ir.Atom(Role.COEFFICIENT, at.code)
 
 
+def normalised_gather(op: str, left: Value, right: Value) -> Value | None:
+    """``x.gather(-1, ids).squeeze(-1) - torch.logsumexp(x, -1)``: the sampled
+    token's log-softmax without the full log-softmax (a fused kernel's idiom),
+    a log-prob whose role its name or its model says."""
+    if not (
+        op == "sub"
+        and isinstance(left, Unknown)
+        and isinstance(right, Unknown)
+        and right.logprob_op
+        and "logsumexp" in right.names
+        and set(left.names) & set(right.names[1:])
+    ):
+        return None
+    return replace(
+        left,
+        text=f"{left.text} - {right.text}",
+        call=True,
+        logprob_op=True,
+        distribution=False,
+        reference_model=left.reference_model or right.reference_model,
+    )
+
+
 def _gather(at: TorchCall, receiver: Value, args: Args, kwargs: Kwargs) -> Value:
     return gathered(at, receiver, args[1] if len(args) > 1 else kwargs.get("index"))
 
