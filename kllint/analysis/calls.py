@@ -20,12 +20,15 @@ from kllint.analysis.lowering import (
     TENSOR_IDENTITY,
     UNARY,
 )
+from kllint.analysis.module import ClassInfo, ModuleInfo
+from kllint.analysis.project import Project
 from kllint.analysis.syntax import chain_names, code, full_code
 from kllint.analysis.values import (
     Choice,
     DictVal,
     Flipped,
     FuncRef,
+    Instance,
     Py,
     Seq,
     Unknown,
@@ -82,6 +85,16 @@ class Calls(Expressions):
             )
         if isinstance(callee, FuncRef):
             return self.inline(callee, call)
+        if isinstance(callee, Instance):
+            # ``self.kl_loss_fn(logp, ref, mask)``: an nn.Module's forward.
+            for name in ("forward", "__call__"):
+                method = self.context.project.method(callee.cls, callee.module, name)
+                if method is not None:
+                    return self.inline(replace(method, receiver=callee), call)
+        if isinstance(callee, Unknown) and isinstance(call.func, cst.Name):
+            found = self.context.project.class_named(call.func.value, self.module)
+            if found is not None and _callable_class(self.context.project, *found):
+                return self.instantiate(found[0], found[1], call)
         if isinstance(callee, Unknown):
             if callee.module is not None:
                 level = len(callee.module) - len(callee.module.lstrip("."))
@@ -145,6 +158,12 @@ class Calls(Expressions):
             )
             return Py(None)
         receiver = self.eval(func.value)
+        if isinstance(receiver, Instance) or (
+            isinstance(receiver, Unknown) and receiver.names == ("self",) and self.cls is not None
+        ):
+            attribute = self.attribute(receiver, method, func)
+            if isinstance(attribute, (FuncRef, Instance)):
+                return self.call_value(attribute, call, args, kwargs)
         if isinstance(receiver, (Py, Choice)) and method in STRING_METHODS:
             result = self.string_method(receiver, method, args)
             if result is not None:
@@ -175,6 +194,15 @@ class Calls(Expressions):
                     return self.inline(found, call)
             return self.unknown_method(call, method, receiver, args, kwargs)
         return Unknown(code(call), (method,), call=True)
+
+    def instantiate(self, cls: ClassInfo, module: ModuleInfo, call: cst.Call) -> Instance:
+        """``KLLoss(kind="low_var_kl")``: an object whose ``__init__`` ran
+        with the constructor's arguments, so its attributes are known."""
+        instance = Instance(cls, module)
+        init = self.context.project.method(cls, module, "__init__")
+        if init is not None:
+            self.inline(replace(init, receiver=instance), call)
+        return instance
 
     def class_method(self, receiver: cst.BaseExpression, method: str) -> FuncRef | None:
         """``KLUtils.compute_kl(...)``: a static or class method of a class of
@@ -487,3 +515,9 @@ def _differentiable_kl(value: Value) -> bool:
         and value.has_role(Role.REFERENCE_LOGP)
         and ir.depends_on_policy(value)
     )
+
+
+def _callable_class(project: Project, cls: ClassInfo, module: ModuleInfo) -> bool:
+    """A class whose objects are called (an nn.Module's ``forward``): worth
+    building, so that the call sees the attributes ``__init__`` set."""
+    return any(project.method(cls, module, name) is not None for name in ("forward", "__call__"))

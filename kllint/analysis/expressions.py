@@ -11,13 +11,14 @@ import libcst as cst
 from kllint.analysis import ir, lowering, roles, selectors
 from kllint.analysis.frame import Frame
 from kllint.analysis.ir import Role
-from kllint.analysis.module import dotted_name
+from kllint.analysis.module import ClassInfo, ModuleInfo, dotted_name
 from kllint.analysis.syntax import code, full_code
 from kllint.analysis.values import (
     Choice,
     DictVal,
     Flipped,
     FuncRef,
+    Instance,
     Py,
     Seq,
     Unknown,
@@ -200,6 +201,22 @@ class Expressions(Frame):
 
     def attribute(self, base: Value, attr: str, expr: cst.BaseExpression) -> Value:
         """``base.attr``; also ``getattr(base, "attr")``."""
+        if isinstance(base, Instance):
+            if attr in base.attrs:
+                return base.attrs[attr]
+            method = self.context.project.method(base.cls, base.module, attr)
+            if method is not None:
+                return replace(method, receiver=base)
+            return Unknown(code(expr), (attr,))
+        if (
+            isinstance(base, Unknown)
+            and base.names == ("self",)
+            and self.cls is not None
+            and self.function_name != "__init__"
+        ):
+            built = self.built_in_init(attr)
+            if built is not None:
+                return built
         if isinstance(base, (ir.Node, Choice)) and not isinstance(base, ir.Opaque):
             if attr == "data":
                 return self.lift1(base, lambda n: ir.detach(n, self.origin(expr)))
@@ -241,6 +258,33 @@ class Expressions(Frame):
         if isinstance(base, (FuncRef, Py)):
             return Unknown(code(expr), (attr,))
         return Unknown(code(expr), (attr,))
+
+    def built_in_init(self, attr: str) -> Instance | None:
+        """``self.kl_loss_fn`` set once in ``__init__`` to an object of a
+        class of the project built from literals (``KLLoss(kind="k3")``)."""
+        assert self.cls is not None
+        init = self.cls.methods.get("__init__")
+        if init is None or not isinstance(init.body, cst.IndentedBlock):
+            return None
+        built = _init_assignments(init).get(attr, [])
+        if len(built) != 1 or not isinstance(built[0], cst.Call):
+            return None
+        call = built[0]
+        if not isinstance(call.func, cst.Name) or not all(
+            selectors.is_selector_literal(a.value) or isinstance(a.value, cst.Float)
+            for a in call.args
+        ):
+            return None
+        found = self.context.project.class_named(call.func.value, self.module)
+        if found is None or not any(
+            self.context.project.method(found[0], found[1], name) is not None
+            for name in ("forward", "__call__")
+        ):
+            return None
+        return self.instantiate(found[0], found[1], call)
+
+    def instantiate(self, cls: ClassInfo, module: ModuleInfo, call: cst.Call) -> Instance:
+        raise NotImplementedError
 
     def eval_subscript(self, expr: cst.Subscript) -> Value:
         base = self.eval(expr.value)
@@ -370,6 +414,32 @@ class Expressions(Frame):
 
     def condition_label(self, test: cst.BaseExpression) -> str:
         return selectors.condition_label(test, in_helper=self.depth > 0)
+
+
+_INIT_ASSIGNMENTS: dict[int, tuple[cst.FunctionDef, dict[str, list[cst.BaseExpression]]]] = {}
+
+
+def _init_assignments(init: cst.FunctionDef) -> dict[str, list[cst.BaseExpression]]:
+    """``self.name = value`` statements at the top level of ``__init__``."""
+    cached = _INIT_ASSIGNMENTS.get(id(init))
+    if cached is not None and cached[0] is init:
+        return cached[1]
+    table: dict[str, list[cst.BaseExpression]] = {}
+    for statement in init.body.body if isinstance(init.body, cst.IndentedBlock) else []:
+        if not isinstance(statement, cst.SimpleStatementLine):
+            continue
+        for small in statement.body:
+            if not isinstance(small, cst.Assign) or len(small.targets) != 1:
+                continue
+            target = small.targets[0].target
+            if (
+                isinstance(target, cst.Attribute)
+                and isinstance(target.value, cst.Name)
+                and target.value.value == "self"
+            ):
+                table.setdefault(target.attr.value, []).append(small.value)
+    _INIT_ASSIGNMENTS[id(init)] = (init, table)
+    return table
 
 
 def compare(operator: cst.BaseCompOp, left: Value, right: Value) -> bool | None:

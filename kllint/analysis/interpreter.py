@@ -53,6 +53,7 @@ from kllint.analysis.values import (
     DictVal,
     Flipped,
     FuncRef,
+    Instance,
     Py,
     Seq,
     Unknown,
@@ -446,6 +447,13 @@ class Interpreter(Calls):
             self.assign_name(target.value, value, node)
         elif isinstance(target, (cst.Tuple, cst.List)):
             self.assign_unpacked(target, value, node)
+        elif (
+            isinstance(target, cst.Attribute)
+            and isinstance(target.value, cst.Name)
+            and isinstance(self.env.get(target.value.value), Instance)
+        ):
+            # ``self.kind = kind`` in the ``__init__`` of an object being built.
+            self.env[target.value.value].attrs[target.attr.value] = value  # type: ignore[union-attr]
         elif isinstance(target, cst.Subscript) and isinstance(target.value, cst.Name):
             container = self.env.get(target.value.value)
             key = string_key(target)
@@ -515,7 +523,7 @@ class Interpreter(Calls):
         params = ref.node.params
         positional = [*params.posonly_params, *params.params]
         if ref.bound and positional and positional[0].name.value in ("self", "cls"):
-            bound[positional[0].name.value] = Unknown("self", ("self",))
+            bound[positional[0].name.value] = ref.receiver or Unknown("self", ("self",))
             positional = positional[1:]
         elif ref.cls is not None and positional and positional[0].name.value in ("self", "cls"):
             positional = positional[1:]

@@ -95,7 +95,14 @@ def is_loss_function(name: str, class_name: str | None, called: frozenset[str]) 
         return False
     if name in LOSS_FUNCTIONS or is_loss_name(name) or names_a_loss_function(name):
         return True
-    return name in ("forward", "__call__") and class_name is not None and is_loss_name(class_name)
+    # A loss module this file builds (``self.kl_loss_fn = KLLoss(kind=...)``)
+    # is judged where it is called, with its attributes known.
+    return (
+        name in ("forward", "__call__")
+        and class_name is not None
+        and is_loss_name(class_name)
+        and class_name not in called
+    )
 
 
 def returned_losses(

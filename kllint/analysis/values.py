@@ -82,6 +82,16 @@ class Unknown:
 
 
 @dataclass
+class Instance:
+    """An object of a class of the project (``KLLoss(kind="low_var_kl")``):
+    the attributes its ``__init__`` set, so that its methods see them."""
+
+    cls: ClassInfo
+    module: ModuleInfo
+    attrs: dict[str, Value] = field(default_factory=dict)
+
+
+@dataclass
 class FuncRef:
     node: cst.FunctionDef
     module: ModuleInfo
@@ -90,9 +100,10 @@ class FuncRef:
     # ``functools.partial(f, *args, **kwargs)``: arguments given in advance.
     preset_args: tuple[Value, ...] = ()
     preset_kwargs: dict[str, Value] = field(default_factory=dict)
+    receiver: Instance | None = None  # the object a bound method is called on
 
 
-Value = ir.Node | Py | Choice | Seq | DictVal | Flipped | Unknown | FuncRef
+Value = ir.Node | Py | Choice | Seq | DictVal | Flipped | Unknown | FuncRef | Instance
 
 
 # ----------------------------------------------------------------- arithmetic
