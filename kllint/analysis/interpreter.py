@@ -390,6 +390,8 @@ class Interpreter(Calls):
             self.returns.append((AND.join(self.path), value))
             if self.loss_function and self.depth == 0:
                 self.loss_sink_from_return(small, value)
+            elif self.depth == 0 and sinks.is_advantage_function(self.function_name):
+                self.advantage_sink_from_return(small, value)
             return True
         elif isinstance(small, cst.Raise):
             return True
@@ -398,6 +400,37 @@ class Interpreter(Calls):
     def loss_sink_from_return(self, node: cst.Return, value: Value) -> None:
         for item, description in sinks.returned_losses(self.function_name, node.value, value):
             self.add_sink(item, description, True, node)
+
+    def advantage_sink_from_return(self, node: cst.Return, value: Value) -> None:
+        """Advantages that carry a KL, returned to be stored and read by the
+        loss of another call tree: judged as the policy-gradient surrogate
+        ``-advantages * logp`` that loss computes with them."""
+        advantages = value.items[0] if isinstance(value, Seq) and value.items else value
+        if not isinstance(advantages, (ir.Node, Choice)) or any(
+            sink.function_node is self.function_node for sink in self.context.sinks
+        ):
+            return  # a training step that backpropagates itself is judged by its own loss
+        options = advantages.options if isinstance(advantages, Choice) else [("", advantages)]
+        if not any(
+            isinstance(v, ir.Node)
+            and v.has_role(Role.REFERENCE_LOGP)
+            and not ir.depends_on_policy(v)
+            for _, v in options
+        ):
+            return
+        origin = ir.Origin(
+            self.context.path,
+            cst_node=node,
+            statement=self.statement,
+            assumed="the returned advantages weight the policy's log-probs in a "
+            "policy-gradient loss that reads them back",
+        )
+        policy = ir.Atom(Role.POLICY_LOGP, "logp (in the loss reading the advantages)")
+        surrogate = self.lift1(
+            advantages,
+            lambda a: ir.neg(ir.Binary("mul", a, policy, origin=origin), origin),
+        )
+        self.add_sink(surrogate, f"the advantages returned by `{self.function_name}`", True, node)
 
     def add_sink(
         self,

@@ -105,6 +105,19 @@ def is_loss_function(name: str, class_name: str | None, called: frozenset[str]) 
     )
 
 
+def is_advantage_function(name: str) -> bool:
+    """``compute_grpo_advantage``, ``compute_advantages``: what it returns
+    weights the policy's log-probs in a policy-gradient loss, wherever that
+    loss reads it back (from stored batch data, in another module)."""
+    ws = roles.words(name)
+    return (
+        bool(ws)
+        and ws[0] in ("compute", "get", "calc", "calculate", "estimate", "make")
+        and bool(set(ws) & {"advantage", "advantages"})
+        and not set(ws) & NOT_A_LOSS_WORDS
+    )
+
+
 def returned_losses(
     function_name: str, returned: cst.BaseExpression | None, value: Value
 ) -> list[tuple[Value, str]]:
