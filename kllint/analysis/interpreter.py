@@ -80,7 +80,10 @@ class Interpreter(Calls):
         if self.depth == 0:
             self.root = fn
         self.loss_function = sinks.is_loss_function(
-            fn.name.value, self.cls.node.name.value if self.cls else None, self.context.called
+            fn.name.value,
+            self.cls.node.name.value if self.cls else None,
+            self.context.called,
+            selects=_has_selector_parameter(fn),
         )
         params = fn.params
         for param in [*params.posonly_params, *params.params, *params.kwonly_params]:
@@ -672,6 +675,22 @@ def _assigned_names(body: cst.BaseSuite) -> list[str]:
 
     body.visit(_Assigned())
     return names
+
+
+def _has_selector_parameter(fn: cst.FunctionDef) -> bool:
+    """A parameter that may pick a branch or say what the tensors are: a
+    string default, a name such as ``kind``, ``estimator``, ``kl_type``,
+    ``mode``, a config object, or log-probs the caller computed."""
+    params = fn.params
+    for param in [*params.posonly_params, *params.params, *params.kwonly_params]:
+        if isinstance(param.default, (cst.SimpleString, cst.ConcatenatedString)):
+            return True
+        if roles.is_logprob_name(param.name.value):
+            return True
+        ws = set(roles.words(param.name.value))
+        if ws & (selectors.SELECTOR_WORDS | selectors.CONFIG_WORDS | {"type", "mode", "variant"}):
+            return True
+    return isinstance(params.star_kwarg, cst.Param)
 
 
 def _decorated_no_grad(fn: cst.FunctionDef) -> bool:
