@@ -428,8 +428,14 @@ class Calls(Expressions):
         func_names = chain_names(call.func)
         return self.context.role_patterns.is_reference_model(names + func_names)
 
-    def logprob_call(self, call: cst.Call, name: str, args: list[cst.Arg]) -> Value:
+    def logprob_call(
+        self, call: cst.Call, name: str, args: list[cst.Arg], receiver: Unknown | None = None
+    ) -> Value:
         hints = [n for a in args[:1] for n in chain_names(a.value)]
+        source = receiver
+        if source is None and args and isinstance(args[0].value, cst.Name):
+            named = self.env.get(args[0].value.value)
+            source = named if isinstance(named, Unknown) else None
         return Unknown(
             code(call),
             (name, *hints),
@@ -437,6 +443,7 @@ class Calls(Expressions):
             reference_model=self._reference_args(call),
             logprob_op=True,
             distribution=name == "log_softmax",
+            per_token=source is not None and source.per_token,
         )
 
     def unknown_call(
@@ -470,7 +477,7 @@ class Calls(Expressions):
                 None,
             )
         if roles.is_logprob_name(method) or method in LOGPROB_OPS:
-            return self.logprob_call(call, method, args)
+            return self.logprob_call(call, method, args, receiver)
         credited = self.advantage_estimator(method, call)
         if credited is not None:
             return credited

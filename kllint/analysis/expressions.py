@@ -324,6 +324,7 @@ class Expressions(Frame):
                 stored=base.stored or (not base.call and roles.from_container(base.names)),
                 module=None,
                 class_name=None,
+                per_token=base.per_token or _cut_along_time(expr, base),
             )
         if isinstance(base, (ir.Node, Choice, Flipped)):
             return base  # slicing a tensor keeps what it is
@@ -414,6 +415,21 @@ class Expressions(Frame):
 
     def condition_label(self, test: cst.BaseExpression) -> str:
         return selectors.condition_label(test, in_helper=self.depth > 0)
+
+
+def _cut_along_time(expr: cst.Subscript, base: Unknown) -> bool:
+    """``logits[:, prompt_len - 1 : -1]``: logits cut to the response along
+    their second axis, time. (A classifier head's logits are not cut so.)"""
+    if len(expr.slice) < 2 or not any("logits" in roles.words(n) for n in base.names):
+        return False
+    first, second = expr.slice[0].slice, expr.slice[1].slice
+    return (
+        isinstance(first, cst.Slice)
+        and first.lower is None
+        and first.upper is None
+        and isinstance(second, cst.Slice)
+        and (second.lower is not None or second.upper is not None)
+    )
 
 
 _INIT_ASSIGNMENTS: dict[int, tuple[cst.FunctionDef, dict[str, list[cst.BaseExpression]]]] = {}

@@ -113,6 +113,9 @@ class Atom(Node):
     role: Role
     name: str  # the user's spelling, for messages and printed fixes
     level: Level = Level.TOKEN
+    # Evidence that it is per token of a sequence (computed from logits cut
+    # along time), whatever its name says.
+    per_token: bool = field(default=False, compare=False)
 
 
 @dataclass(frozen=True, eq=False)

@@ -378,7 +378,7 @@ def resolve(
             return ir.Atom(weight, unknown.text)
         return ir.Opaque(unknown.text)
     level = ir.Level.DISTRIBUTION if unknown.distribution else level_of(name)
-    atom: ir.Node = ir.Atom(role, name, level)
+    atom: ir.Node = ir.Atom(role, name, level, per_token=unknown.per_token)
     if prob:
         atom = ir.Unary("exp", atom)
     if unknown.stored or unknown.detached or no_grad:

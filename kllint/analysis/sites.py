@@ -101,7 +101,7 @@ class KLSite:
             ):
                 return True
             if isinstance(node, ir.Atom) and (
-                node.role is Role.MASK or has_words(node.name, TOKEN_WORDS)
+                node.role is Role.MASK or node.per_token or has_words(node.name, TOKEN_WORDS)
             ):
                 return True
         return False

@@ -79,6 +79,8 @@ class Unknown:
     numpy: bool = False  # a NumPy (or other non-autograd) array
     distribution: bool = False  # log_softmax over the vocabulary, not gathered
     class_name: str | None = None  # a class of this module (an Enum, a constants class)
+    # Cut along time (``logits[:, start:end]``): per token of a sequence.
+    per_token: bool = False
 
 
 @dataclass

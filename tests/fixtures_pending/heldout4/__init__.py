@@ -1,1 +1,0 @@
-"""Held-out fixtures in the style of several RL trainers (parsed by the tests, never executed)."""
