@@ -205,6 +205,12 @@ def neg(x: Node, origin: Origin | None = None) -> Node:
 
 
 def binary(op: str, left: Node, right: Node, origin: Origin | None = None) -> Node:
+    # ``kl_term - entropy_term`` where the entropy term is ``torch.tensor(0.0)``
+    # on one branch: the KL term is what it was, reported where it was written.
+    if op in ("add", "sub") and isinstance(right, Const) and right.value == 0:
+        return left
+    if op == "add" and isinstance(left, Const) and left.value == 0:
+        return right
     if isinstance(left, Const) and isinstance(right, Const):
         a, b = left.value, right.value
         try:
