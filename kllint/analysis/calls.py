@@ -28,6 +28,7 @@ from kllint.analysis.values import (
     DictVal,
     Flipped,
     FuncRef,
+    Grouped,
     Instance,
     Py,
     Seq,
@@ -185,7 +186,9 @@ class Calls(Expressions):
             scaled = self.eval(args[0].value)
             if isinstance(scaled, (ir.Node, Choice)):
                 return scaled
-        if isinstance(receiver, (ir.Node, Choice, Flipped)) and not isinstance(receiver, ir.Opaque):
+        if isinstance(receiver, (ir.Node, Choice, Flipped, Grouped)) and not isinstance(
+            receiver, ir.Opaque
+        ):
             return self.method_op(method, receiver, args, kwargs, call)
         if isinstance(receiver, Unknown):
             if receiver.names == ("self",) and self.cls is not None:

@@ -18,6 +18,7 @@ from kllint.analysis.values import (
     DictVal,
     Flipped,
     FuncRef,
+    Grouped,
     Instance,
     Py,
     Seq,
@@ -326,7 +327,7 @@ class Expressions(Frame):
                 class_name=None,
                 per_token=base.per_token or _cut_along_time(expr, base),
             )
-        if isinstance(base, (ir.Node, Choice, Flipped)):
+        if isinstance(base, (ir.Node, Choice, Flipped, Grouped)):
             return base  # slicing a tensor keeps what it is
         return Unknown(code(expr), ("subscript",))
 

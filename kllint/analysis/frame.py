@@ -26,6 +26,7 @@ from kllint.analysis.sinks import Sink
 from kllint.analysis.values import (
     Flipped,
     FuncRef,
+    Grouped,
     Py,
     Unknown,
     Value,
@@ -117,6 +118,8 @@ class Frame:
             return node if isinstance(node, ir.Node) else ir.Opaque(value.text)
         if isinstance(value, Flipped):
             return ir.Opaque("flipped along time")
+        if isinstance(value, Grouped):
+            return value.node
         return ir.Opaque(type(value).__name__)
 
     # ----------------------------------------------------------------- arithmetic

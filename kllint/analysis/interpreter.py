@@ -53,6 +53,7 @@ from kllint.analysis.values import (
     DictVal,
     Flipped,
     FuncRef,
+    Grouped,
     Instance,
     Py,
     Seq,
@@ -388,7 +389,7 @@ class Interpreter(Calls):
             self.eval(small.value)
         elif isinstance(small, cst.Return):
             value = self.eval(small.value) if small.value is not None else Py(None)
-            if self.no_grad and isinstance(value, (ir.Node, Choice, Flipped)):
+            if self.no_grad and isinstance(value, (ir.Node, Choice, Flipped, Grouped)):
                 value = self.lift1(value, ir.detach)
             self.returns.append((AND.join(self.path), value))
             if self.loss_function and self.depth == 0:
@@ -475,7 +476,7 @@ class Interpreter(Calls):
             )
 
     def assign(self, target: cst.BaseExpression, value: Value, node: cst.CSTNode) -> None:
-        if self.no_grad and isinstance(value, (ir.Node, Choice, Flipped)):
+        if self.no_grad and isinstance(value, (ir.Node, Choice, Flipped, Grouped)):
             # Whatever is computed under no_grad/inference_mode has no gradient,
             # including arithmetic on tensors that had one.
             value = self.lift1(value, ir.detach)
@@ -494,8 +495,14 @@ class Interpreter(Calls):
             container = self.env.get(target.value.value)
             key = string_key(target)
             if isinstance(container, (ir.Node, Seq)):
-                # ``buffer[:, i] = ...`` fills a tensor in place: it is no longer what it was.
-                self.env[target.value.value] = Unknown(target.value.value, (target.value.value,))
+                # ``buffer[:, i] = ...`` fills a tensor in place: it is no longer
+                # what it was; filled under no_grad, it has no gradient.
+                self.env[target.value.value] = Unknown(
+                    target.value.value, (target.value.value,), detached=self.no_grad
+                )
+            elif isinstance(container, Unknown) and self.no_grad:
+                # ``logps = torch.zeros(...)`` filled row by row under no_grad.
+                self.env[target.value.value] = replace(container, detached=True)
             if isinstance(container, DictVal) and key is not None:
                 container.items[key] = value
                 if sinks.is_loss_name(key):

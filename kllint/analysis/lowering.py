@@ -21,6 +21,7 @@ from kllint.analysis.syntax import code
 from kllint.analysis.values import (
     Choice,
     Flipped,
+    Grouped,
     NodeOf,
     Py,
     Seq,
@@ -295,6 +296,9 @@ def _reduce(name: str) -> MethodLowering:
         dim = kwargs.get("dim", kwargs.get("axis", args[0] if args else None))
         reduced = axis(dim)
         origin = at.origin
+        if isinstance(receiver, Grouped):
+            # A group baseline (``rewards.view(-1, n).mean(dim=1)``): over samples.
+            return ir.Reduce(kind, Axis.BATCH, receiver.node, origin=origin)
         if reduced is Axis.TIME and has_distribution(receiver):
             return at.lift1(receiver, lambda n: vocabulary_expectation(kind, n, origin))
         if isinstance(receiver, Flipped):
@@ -351,6 +355,22 @@ def normalised_gather(op: str, left: Value, right: Value) -> Value | None:
     )
 
 
+def _view(at: TorchCall, receiver: Value, args: Args, kwargs: Kwargs) -> Value:
+    """``x.view(-1, n)`` regroups samples; ``x.view(-1)``, ``flatten()`` undo it."""
+    if isinstance(receiver, Choice):
+        return Choice([(label, _view(at, v, args, kwargs)) for label, v in receiver.options])
+    if isinstance(receiver, Grouped):
+        return receiver.node if len(args) <= 1 else receiver
+    if (
+        len(args) == 2
+        and _float(args[0]) == -1
+        and isinstance(receiver, ir.Node)
+        and not isinstance(receiver, ir.Opaque)
+    ):
+        return Grouped(receiver)
+    return receiver
+
+
 def _gather(at: TorchCall, receiver: Value, args: Args, kwargs: Kwargs) -> Value:
     return gathered(at, receiver, args[1] if len(args) > 1 else kwargs.get("index"))
 
@@ -366,6 +386,8 @@ def _method_registry() -> dict[str, MethodLowering]:
     """Earlier entries win: ``gather`` keeps the token it selects although it
     also keeps the tensor's role, ``item`` detaches."""
     registry: dict[str, MethodLowering] = {"gather": _gather}
+    for name in ("view", "reshape", "flatten", "unflatten"):
+        registry[name] = _view
     for name in TENSOR_IDENTITY:
         registry.setdefault(name, _identity)
     for name in DETACHING:
