@@ -687,8 +687,12 @@ def _assigned_names(body: cst.BaseSuite) -> list[str]:
 def _has_selector_parameter(fn: cst.FunctionDef) -> bool:
     """A parameter that may pick a branch or say what the tensors are: a
     string default, a name such as ``kind``, ``estimator``, ``kl_type``,
-    ``mode``, a config object, or log-probs the caller computed."""
+    ``mode``, a config object (``self`` with its settings), or log-probs the
+    caller computed."""
     params = fn.params
+    positional = [*params.posonly_params, *params.params]
+    if positional and positional[0].name.value in ("self", "cls"):
+        return True
     for param in [*params.posonly_params, *params.params, *params.kwonly_params]:
         if isinstance(param.default, (cst.SimpleString, cst.ConcatenatedString)):
             return True
