@@ -141,6 +141,11 @@ COEFFICIENT_WORDS = frozenset(
         "gamma",
         "eps",
         "epsilon",
+        # Counts that normalise a loss (``loss / grad_accum``, ``/ num_mini_batches``).
+        "accum",
+        "accumulation",
+        "num",
+        "count",
     }
 )
 # Objects that hold stored rollout data: a tensor read from one has no gradient.

@@ -43,5 +43,8 @@ RULE = Rule(
     headline=headline,
     reason=reason,
     fix_title="Add the KL penalty to the loss (`loss = pg_loss + beta * kl`), or subtract it from the rewards",
-    confirms={"sequences": frozenset({"negated"})},
+    # A negated k3 is measured as a negative multiple (the rule only fires on a
+    # negative scale) of the gradient of KL(pi_ref||pi), what the headline
+    # says it increases; KL002 reports its direction.
+    confirms={"sequences": frozenset({"negated", "KL(pi_ref||pi)", "partial KL(pi_ref||pi)"})},
 )
