@@ -92,7 +92,13 @@ class Calls(Expressions):
                 method = self.context.project.method(callee.cls, callee.module, name)
                 if method is not None:
                     return self.inline(replace(method, receiver=callee), call)
-        if isinstance(callee, Unknown) and isinstance(call.func, cst.Name):
+        if (
+            isinstance(callee, Unknown)
+            and isinstance(call.func, cst.Name)
+            and call.func.value[
+                :1
+            ].isupper()  # a class, by convention: no module parsed for a function
+        ):
             found = self.context.project.class_named(call.func.value, self.module)
             if found is not None and _callable_class(self.context.project, *found):
                 return self.instantiate(found[0], found[1], call)
@@ -210,7 +216,7 @@ class Calls(Expressions):
     def class_method(self, receiver: cst.BaseExpression, method: str) -> FuncRef | None:
         """``KLUtils.compute_kl(...)``: a static or class method of a class of
         the project, called on the class."""
-        if not isinstance(receiver, cst.Name):
+        if not isinstance(receiver, cst.Name) or not receiver.value[:1].isupper():
             return None
         found = self.context.project.class_named(receiver.value, self.module)
         if found is None:
@@ -399,8 +405,8 @@ class Calls(Expressions):
         Losing the flow must not lose the term."""
         estimates = []
         for arg in call.args:
-            if arg.star:
-                continue
+            if arg.star or not isinstance(arg.value, (cst.Name, cst.Attribute, cst.Subscript)):
+                continue  # a named value: evaluating a nested call again would cost an inlining
             value = self.eval(arg.value)
             if isinstance(value, (ir.Node, Choice)) and _differentiable_kl(value):
                 estimates.append(value)

@@ -156,6 +156,8 @@ class Expressions(Frame):
         """``[k3(lp, ref) for lp, ref in zip(logps, ref_logps)]`` over micro-
         batches: like a loop body, the element is evaluated once with the
         loop variables bound to what each row is; one item stands for every row."""
+        if not self.iterates_tensors(expr.for_in.iter):
+            return Unknown(code(expr), ("comprehension",))
         saved = dict(self.env)
         loop: cst.CompFor | None = expr.for_in
         while loop is not None:
@@ -164,6 +166,21 @@ class Expressions(Frame):
         item = self.eval(expr.elt)
         self.env = saved
         return Seq([item], appended=True)
+
+    def iterates_tensors(self, iterable: cst.BaseExpression) -> bool:
+        """Over rows kllint holds (``logps``, ``zip(logps, ref_logps)``, a list
+        of micro-batches): a comprehension over anything else (``range``,
+        ``.items()``) is not evaluated, as it holds no KL term to follow."""
+        if isinstance(iterable, cst.Call) and isinstance(iterable.func, cst.Name):
+            if iterable.func.value in ("zip", "enumerate"):
+                return any(self.iterates_tensors(a.value) for a in iterable.args)
+            return False
+        if not isinstance(iterable, cst.Name):
+            return False
+        value = self.env.get(iterable.value)
+        return (isinstance(value, Seq) and bool(value.items)) or (
+            isinstance(value, (ir.Node, Choice)) and not isinstance(value, ir.Opaque)
+        )
 
     def lookup(self, name: str) -> Value:
         if name in self.env:
@@ -271,7 +288,9 @@ class Expressions(Frame):
         if len(built) != 1 or not isinstance(built[0], cst.Call):
             return None
         call = built[0]
-        if not isinstance(call.func, cst.Name) or not all(
+        if not isinstance(call.func, cst.Name) or not call.func.value[:1].isupper():
+            return None
+        if not all(
             selectors.is_selector_literal(a.value) or isinstance(a.value, cst.Float)
             for a in call.args
         ):

@@ -576,6 +576,7 @@ class Interpreter(Calls):
                 bound[positional[index].name.value] = preset
                 index += 1
         bound.update(ref.preset_kwargs)
+        unread_splat = False
         for arg in call.args:
             value = self.eval(arg.value)
             if arg.star == "**":
@@ -583,10 +584,13 @@ class Interpreter(Calls):
                 # are bound; the others keep their defaults (normalisers, flags).
                 if isinstance(value, DictVal):
                     bound.update(value.items)
+                else:
+                    unread_splat = True
                 continue
             if arg.star == "*":
                 if not isinstance(value, Seq) or value.appended:
                     index = len(positional)  # the rest of the positionals are unknown
+                    unread_splat = True
                     continue
                 for item in value.items:
                     if index < len(positional):
@@ -598,6 +602,11 @@ class Interpreter(Calls):
             elif index < len(positional):
                 bound[positional[index].name.value] = value
                 index += 1
+        if unread_splat and not any(_log_probs_in(v) for v in bound.values()):
+            # Past a splat kllint cannot read, a helper is followed only when it
+            # is given log-probs (a KL term on its way to a loss): elsewhere the
+            # cost of following it buys nothing.
+            return Unknown(code(call), (ref.node.name.value,), call=True)
         site = self.call_site or self.origin(call)
         if self.call_site is None:
             site = ir.Origin(
@@ -643,6 +652,14 @@ class Interpreter(Calls):
         if isinstance(result, Seq):
             return Seq([item if keep(item) else credited for item in result.items])
         return result if keep(result) else credited
+
+
+def _log_probs_in(value: Value) -> bool:
+    if isinstance(value, Choice):
+        return any(_log_probs_in(v) for _, v in value.options)
+    return isinstance(value, ir.Node) and any(
+        a.role in (Role.POLICY_LOGP, Role.REFERENCE_LOGP, Role.OLD_LOGP) for a in value.atoms()
+    )
 
 
 def _time_loop_direction(statement: cst.For | cst.While) -> str | None:
