@@ -20,16 +20,41 @@ from kllint.analysis.lowering import (
     TENSOR_IDENTITY,
     UNARY,
 )
+from kllint.analysis.module import ClassInfo, ModuleInfo
+from kllint.analysis.project import Project
 from kllint.analysis.syntax import chain_names, code, full_code
 from kllint.analysis.values import (
     Choice,
     DictVal,
     Flipped,
     FuncRef,
+    Grouped,
+    Instance,
     Py,
     Seq,
     Unknown,
     Value,
+    choice,
+)
+
+# Methods of ``str`` that a selector goes through before it is compared.
+STRING_METHODS = frozenset(
+    {
+        "rstrip",
+        "lstrip",
+        "strip",
+        "lower",
+        "upper",
+        "casefold",
+        "removeprefix",
+        "removesuffix",
+        "replace",
+        "endswith",
+        "startswith",
+        "split",
+        "count",
+        "find",
+    }
 )
 
 
@@ -40,9 +65,43 @@ class Calls(Expressions):
         kwargs = {a.keyword.value: a.value for a in call.args if a.keyword is not None}
         if isinstance(func, cst.Attribute):
             return self.eval_method_call(call, func, args, kwargs)
-        callee = self.eval(func)
+        return self.call_value(self.eval(func), call, args, kwargs)
+
+    def call_value(
+        self,
+        callee: Value,
+        call: cst.Call,
+        args: list[cst.Arg],
+        kwargs: dict[str, cst.BaseExpression],
+    ) -> Value:
+        """Calling what ``call.func`` evaluated to; a callable chosen in a
+        branch (``reduce = sum_of_token`` when a flag is set) is called on
+        each alternative."""
+        if isinstance(callee, Choice):
+            return choice(
+                [
+                    (label, self.call_value(option, call, args, kwargs))
+                    for label, option in callee.options
+                ]
+            )
         if isinstance(callee, FuncRef):
             return self.inline(callee, call)
+        if isinstance(callee, Instance):
+            # ``self.kl_loss_fn(logp, ref, mask)``: an nn.Module's forward.
+            for name in ("forward", "__call__"):
+                method = self.context.project.method(callee.cls, callee.module, name)
+                if method is not None:
+                    return self.inline(replace(method, receiver=callee), call)
+        if (
+            isinstance(callee, Unknown)
+            and isinstance(call.func, cst.Name)
+            and call.func.value[
+                :1
+            ].isupper()  # a class, by convention: no module parsed for a function
+        ):
+            found = self.context.project.class_named(call.func.value, self.module)
+            if found is not None and _callable_class(self.context.project, *found):
+                return self.instantiate(found[0], found[1], call)
         if isinstance(callee, Unknown):
             if callee.module is not None:
                 level = len(callee.module) - len(callee.module.lstrip("."))
@@ -50,6 +109,9 @@ class Calls(Expressions):
                 module = "." * level + module
                 return self.call_module_function(module, name, call, args, kwargs)
             return self.call_builtin(callee, call, args, kwargs)
+        assumed = self.assumed_reduction(call)
+        if assumed is not None:
+            return assumed
         return Unknown(code(call), ("call",), call=True)
 
     def call_builtin(
@@ -71,6 +133,14 @@ class Calls(Expressions):
                 for item in terms.items[1:]:
                     total = self.binary("add", total, item, call)
                 return total
+            if isinstance(terms, Seq) and len(terms.items) == 1 and terms.appended:
+                # ``sum(loss for mb in micro_batches)``: one row stands for
+                # every row (a sum over the batch keeps each token's gradient).
+                return terms.items[0]
+        if name == "getattr" and len(args) >= 2:
+            attr = self.eval(args[1].value)
+            if isinstance(attr, Py) and isinstance(attr.value, str):
+                return self.attribute(self.eval(args[0].value), attr.value, call)
         if name == "len" and args:
             return ir.Atom(Role.COEFFICIENT, code(call))
         return self.named_call(name, call, args, kwargs, callee)
@@ -95,12 +165,26 @@ class Calls(Expressions):
             )
             return Py(None)
         receiver = self.eval(func.value)
+        if isinstance(receiver, Instance) or (
+            isinstance(receiver, Unknown) and receiver.names == ("self",) and self.cls is not None
+        ):
+            attribute = self.attribute(receiver, method, func)
+            if isinstance(attribute, (FuncRef, Instance)):
+                return self.call_value(attribute, call, args, kwargs)
+        if isinstance(receiver, (Py, Choice)) and method in STRING_METHODS:
+            result = self.string_method(receiver, method, args)
+            if result is not None:
+                return result
         if isinstance(receiver, DictVal) and method == "values" and not args:
             return Seq(list(receiver.items.values()))
         if isinstance(func.value, cst.Name) and self.mutate(
             func.value.value, method, args, kwargs, call
         ):
             return Py(None)
+        if isinstance(receiver, Unknown) and (receiver.class_name or receiver.module):
+            static = self.class_method(func.value, method)
+            if static is not None:
+                return self.inline(static, call)
         if isinstance(receiver, Unknown) and receiver.module is not None:
             return self.call_module_function(receiver.module, method, call, args, kwargs)
         if method in lowering.LOSS_SCALING and isinstance(receiver, Unknown) and len(args) == 1:
@@ -108,7 +192,9 @@ class Calls(Expressions):
             scaled = self.eval(args[0].value)
             if isinstance(scaled, (ir.Node, Choice)):
                 return scaled
-        if isinstance(receiver, (ir.Node, Choice, Flipped)) and not isinstance(receiver, ir.Opaque):
+        if isinstance(receiver, (ir.Node, Choice, Flipped, Grouped)) and not isinstance(
+            receiver, ir.Opaque
+        ):
             return self.method_op(method, receiver, args, kwargs, call)
         if isinstance(receiver, Unknown):
             if receiver.names == ("self",) and self.cls is not None:
@@ -117,6 +203,55 @@ class Calls(Expressions):
                     return self.inline(found, call)
             return self.unknown_method(call, method, receiver, args, kwargs)
         return Unknown(code(call), (method,), call=True)
+
+    def instantiate(self, cls: ClassInfo, module: ModuleInfo, call: cst.Call) -> Instance:
+        """``KLLoss(kind="low_var_kl")``: an object whose ``__init__`` ran
+        with the constructor's arguments, so its attributes are known."""
+        instance = Instance(cls, module)
+        init = self.context.project.method(cls, module, "__init__")
+        if init is not None:
+            self.inline(replace(init, receiver=instance), call)
+        return instance
+
+    def class_method(self, receiver: cst.BaseExpression, method: str) -> FuncRef | None:
+        """``KLUtils.compute_kl(...)``: a static or class method of a class of
+        the project, called on the class."""
+        if not isinstance(receiver, cst.Name) or not receiver.value[:1].isupper():
+            return None
+        found = self.context.project.class_named(receiver.value, self.module)
+        if found is None:
+            return None
+        ref = self.context.project.method(found[0], found[1], method)
+        return replace(ref, bound=False) if ref is not None else None
+
+    def string_method(
+        self, receiver: Py | Choice, method: str, args: list[cst.Arg]
+    ) -> Value | None:
+        """``kl_penalty.rstrip("+")``, ``name.endswith("+")``, ``mode.lower()``
+        on a selector: computed, so that the branch it feeds is decided."""
+        arguments = [self.eval(a.value) for a in args]
+        if not all(isinstance(a, Py) for a in arguments):
+            return None
+        if isinstance(receiver, Choice):
+            options = [
+                (
+                    label,
+                    self.string_method(v, method, args) if isinstance(v, (Py, Choice)) else None,
+                )
+                for label, v in receiver.options
+            ]
+            if any(v is None for _, v in options):
+                return None
+            return Choice([(label, v) for label, v in options if v is not None])
+        if not isinstance(receiver.value, str):
+            return None
+        try:
+            result = getattr(receiver.value, method)(*(a.value for a in arguments))  # type: ignore[union-attr]
+        except (TypeError, ValueError):
+            return None
+        if isinstance(result, (str, bool, int)):
+            return Py(result, receiver.source)
+        return None
 
     def mutate(
         self,
@@ -163,6 +298,9 @@ class Calls(Expressions):
             if method in DETACHING:
                 return replace(receiver, text=code(call), detached=True)
             if method == "gather":
+                index = args[1].value if len(args) > 1 else kwargs.get("index")
+                if index is not None and lowering.top_k_support(self.eval(index)):
+                    return receiver
                 return replace(receiver, distribution=False)
             if method in TENSOR_IDENTITY:
                 return receiver
@@ -253,7 +391,33 @@ class Calls(Expressions):
         credited = self.advantage_estimator(name, call)
         if credited is not None:
             return credited
+        assumed = self.assumed_reduction(call)
+        if assumed is not None:
+            return assumed
         return Unknown(code(call), (name,), call=True, reference_model=self._reference_args(call))
+
+    def assumed_reduction(self, call: cst.Call) -> Value | None:
+        """A call kllint cannot follow (a callable attribute, a parameter, a
+        function of another library) given a differentiable KL estimate: on
+        its way into a loss that is almost always a reduction (``masked_mean``,
+        ``self.masked_aggregator``, ``sum_of_sample_mean``), so value and
+        gradient pass through as a masked mean, and the finding says so.
+        Losing the flow must not lose the term."""
+        estimates = []
+        for arg in call.args:
+            if arg.star or not isinstance(arg.value, (cst.Name, cst.Attribute, cst.Subscript)):
+                continue  # a named value: evaluating a nested call again would cost an inlining
+            value = self.eval(arg.value)
+            if isinstance(value, (ir.Node, Choice)) and _differentiable_kl(value):
+                estimates.append(value)
+        if len(estimates) != 1:
+            return None
+        origin = replace(
+            self.origin(call),
+            assumed=f"`{full_code(call.func)}` could not be followed: taken for a reduction "
+            "that passes the KL estimate's value and gradient through",
+        )
+        return self.lift1(estimates[0], lambda n: ir.Reduce("mean", ir.Axis.ALL, n, origin=origin))
 
     def advantage_estimator(self, name: str, call: cst.Call) -> ir.Node | None:
         """An advantage/return estimator kllint cannot read (``compute_gae`` passed
@@ -273,8 +437,14 @@ class Calls(Expressions):
         func_names = chain_names(call.func)
         return self.context.role_patterns.is_reference_model(names + func_names)
 
-    def logprob_call(self, call: cst.Call, name: str, args: list[cst.Arg]) -> Value:
+    def logprob_call(
+        self, call: cst.Call, name: str, args: list[cst.Arg], receiver: Unknown | None = None
+    ) -> Value:
         hints = [n for a in args[:1] for n in chain_names(a.value)]
+        source = receiver
+        if source is None and args and isinstance(args[0].value, cst.Name):
+            named = self.env.get(args[0].value.value)
+            source = named if isinstance(named, Unknown) else None
         return Unknown(
             code(call),
             (name, *hints),
@@ -282,6 +452,7 @@ class Calls(Expressions):
             reference_model=self._reference_args(call),
             logprob_op=True,
             distribution=name == "log_softmax",
+            per_token=source is not None and source.per_token,
         )
 
     def unknown_call(
@@ -315,10 +486,13 @@ class Calls(Expressions):
                 None,
             )
         if roles.is_logprob_name(method) or method in LOGPROB_OPS:
-            return self.logprob_call(call, method, args)
+            return self.logprob_call(call, method, args, receiver)
         credited = self.advantage_estimator(method, call)
         if credited is not None:
             return credited
+        assumed = self.assumed_reduction(call)
+        if assumed is not None:
+            return assumed
         return Unknown(
             code(call),
             (*receiver.names, method),
@@ -345,3 +519,21 @@ class Calls(Expressions):
             [self.eval(a.value) for a in args],
             {k: self.eval(v) for k, v in kwargs.items()},
         )
+
+
+def _differentiable_kl(value: Value) -> bool:
+    """A value that holds the reference log-prob and a gradient path to the
+    policy: a KL estimate being optimised (not a stored reward)."""
+    if isinstance(value, Choice):
+        return any(_differentiable_kl(v) for _, v in value.options)
+    return (
+        isinstance(value, ir.Node)
+        and value.has_role(Role.REFERENCE_LOGP)
+        and ir.depends_on_policy(value)
+    )
+
+
+def _callable_class(project: Project, cls: ClassInfo, module: ModuleInfo) -> bool:
+    """A class whose objects are called (an nn.Module's ``forward``): worth
+    building, so that the call sees the attributes ``__init__`` set."""
+    return any(project.method(cls, module, name) is not None for name in ("forward", "__call__"))

@@ -11,13 +11,15 @@ import libcst as cst
 from kllint.analysis import ir, lowering, roles, selectors
 from kllint.analysis.frame import Frame
 from kllint.analysis.ir import Role
-from kllint.analysis.module import dotted_name
+from kllint.analysis.module import ClassInfo, ModuleInfo, dotted_name
 from kllint.analysis.syntax import code, full_code
 from kllint.analysis.values import (
     Choice,
     DictVal,
     Flipped,
     FuncRef,
+    Grouped,
+    Instance,
     Py,
     Seq,
     Unknown,
@@ -65,6 +67,9 @@ class Expressions(Frame):
             left, right = self.eval(expr.left), self.eval(expr.right)
             if op is None:
                 return Unknown(code(expr), ("binop",))
+            log_prob = lowering.normalised_gather(op, left, right)
+            if log_prob is not None:
+                return log_prob
             return self.binary(op, left, right, expr)
         if isinstance(expr, (cst.Comparison, cst.BooleanOperation)):
             truth = self.truth(expr)
@@ -85,6 +90,8 @@ class Expressions(Frame):
             return FuncRef(_lambda_as_function(expr), self.module)
         if isinstance(expr, cst.DictComp):
             return self.eval_dict_comprehension(expr)
+        if isinstance(expr, (cst.ListComp, cst.GeneratorExp)):
+            return self.eval_comprehension(expr)
         return Unknown(code(expr), (type(expr).__name__,))
 
     def eval_unary(self, expr: cst.UnaryOperation) -> Value:
@@ -155,6 +162,36 @@ class Expressions(Frame):
                 return DictVal(items)
         return Unknown(code(expr), ("comprehension",))
 
+    def eval_comprehension(self, expr: cst.ListComp | cst.GeneratorExp) -> Value:
+        """``[k3(lp, ref) for lp, ref in zip(logps, ref_logps)]`` over micro-
+        batches: like a loop body, the element is evaluated once with the
+        loop variables bound to what each row is; one item stands for every row."""
+        if not self.iterates_tensors(expr.for_in.iter):
+            return Unknown(code(expr), ("comprehension",))
+        saved = dict(self.env)
+        loop: cst.CompFor | None = expr.for_in
+        while loop is not None:
+            self.bind_loop_target(loop.target, loop.iter, expr)
+            loop = loop.inner_for_in
+        item = self.eval(expr.elt)
+        self.env = saved
+        return Seq([item], appended=True)
+
+    def iterates_tensors(self, iterable: cst.BaseExpression) -> bool:
+        """Over rows kllint holds (``logps``, ``zip(logps, ref_logps)``, a list
+        of micro-batches): a comprehension over anything else (``range``,
+        ``.items()``) is not evaluated, as it holds no KL term to follow."""
+        if isinstance(iterable, cst.Call) and isinstance(iterable.func, cst.Name):
+            if iterable.func.value in ("zip", "enumerate"):
+                return any(self.iterates_tensors(a.value) for a in iterable.args)
+            return False
+        if not isinstance(iterable, cst.Name):
+            return False
+        value = self.env.get(iterable.value)
+        return (isinstance(value, Seq) and bool(value.items)) or (
+            isinstance(value, (ir.Node, Choice)) and not isinstance(value, ir.Opaque)
+        )
+
     def lookup(self, name: str) -> Value:
         if name in self.env:
             return self.env[name]
@@ -188,8 +225,26 @@ class Expressions(Frame):
         return Unknown(name, (name,))
 
     def eval_attribute(self, expr: cst.Attribute) -> Value:
-        base = self.eval(expr.value)
-        attr = expr.attr.value
+        return self.attribute(self.eval(expr.value), expr.attr.value, expr)
+
+    def attribute(self, base: Value, attr: str, expr: cst.BaseExpression) -> Value:
+        """``base.attr``; also ``getattr(base, "attr")``."""
+        if isinstance(base, Instance):
+            if attr in base.attrs:
+                return base.attrs[attr]
+            method = self.context.project.method(base.cls, base.module, attr)
+            if method is not None:
+                return replace(method, receiver=base)
+            return Unknown(code(expr), (attr,))
+        if (
+            isinstance(base, Unknown)
+            and base.names == ("self",)
+            and self.cls is not None
+            and self.function_name != "__init__"
+        ):
+            built = self.built_in_init(attr)
+            if built is not None:
+                return built
         if isinstance(base, (ir.Node, Choice)) and not isinstance(base, ir.Opaque):
             lowered = lowering.tensor_attribute(self.torch_call(expr), attr, base)
             return lowered if lowered is not None else Unknown(code(expr), (attr,))
@@ -226,6 +281,35 @@ class Expressions(Frame):
             return Unknown(code(expr), (attr,))
         return Unknown(code(expr), (attr,))
 
+    def built_in_init(self, attr: str) -> Instance | None:
+        """``self.kl_loss_fn`` set once in ``__init__`` to an object of a
+        class of the project built from literals (``KLLoss(kind="k3")``)."""
+        assert self.cls is not None
+        init = self.cls.methods.get("__init__")
+        if init is None or not isinstance(init.body, cst.IndentedBlock):
+            return None
+        built = _init_assignments(init).get(attr, [])
+        if len(built) != 1 or not isinstance(built[0], cst.Call):
+            return None
+        call = built[0]
+        if not isinstance(call.func, cst.Name) or not call.func.value[:1].isupper():
+            return None
+        if not all(
+            selectors.is_selector_literal(a.value) or isinstance(a.value, cst.Float)
+            for a in call.args
+        ):
+            return None
+        found = self.context.project.class_named(call.func.value, self.module)
+        if found is None or not any(
+            self.context.project.method(found[0], found[1], name) is not None
+            for name in ("forward", "__call__")
+        ):
+            return None
+        return self.instantiate(found[0], found[1], call)
+
+    def instantiate(self, cls: ClassInfo, module: ModuleInfo, call: cst.Call) -> Instance:
+        raise NotImplementedError
+
     def eval_subscript(self, expr: cst.Subscript) -> Value:
         base = self.eval(expr.value)
         key_value: Value | None = None
@@ -247,6 +331,8 @@ class Expressions(Frame):
             label = full_code(expr.slice[0].slice)
             return choice([(f"{label} == {key!r}", item) for key, item in base.items.items()])
         if isinstance(base, Seq):
+            if isinstance(key_value, Unknown) and isinstance(expr.slice[0].slice, cst.Index):
+                key_value = self.index_default(expr.slice[0].slice.value) or key_value
             return self.index_sequence(expr, base, key_value)
         if isinstance(base, Unknown):
             key = (
@@ -262,10 +348,35 @@ class Expressions(Frame):
                 stored=base.stored or (not base.call and roles.from_container(base.names)),
                 module=None,
                 class_name=None,
+                per_token=base.per_token or _cut_along_time(expr, base),
             )
-        if isinstance(base, (ir.Node, Choice, Flipped)):
+        if isinstance(base, (ir.Node, Choice, Flipped, Grouped)):
             return base  # slicing a tensor keeps what it is
         return Unknown(code(expr), ("subscript",))
+
+    def index_default(self, key: cst.BaseExpression) -> Py | None:
+        """``stack[args.kl_estimator]`` with ``kl_estimator: int = 2``: an int
+        setting used as an index is a selector; its default picks the item."""
+        if not isinstance(key, cst.Attribute):
+            return None
+        base = self.eval(key.value)
+        if not isinstance(base, Unknown):
+            return None
+        default = selectors.config_default(
+            self.context.project,
+            self.context.fs_path,
+            self.module,
+            self.function_node,
+            self.cls,
+            base,
+            key.attr.value,
+            index=True,
+        )
+        if default is not None and self.call_site is not None:
+            note = selectors.default_note(key, default)
+            if note not in self.call_site.notes:
+                self.call_site.notes.append(note)
+        return default
 
     def index_sequence(self, expr: cst.Subscript, base: Seq, key_value: Value | None) -> Value:
         """``pair[0]``; ``steps[t]`` of rows collected in a loop; ``options[i]``
@@ -341,6 +452,47 @@ def _tensor_like(value: Value) -> bool:
         return True
     last = value.names[-1] if value.names else ""
     return roles.weight_role(last) is Role.MASK or roles.is_logprob_name(last)
+
+
+def _cut_along_time(expr: cst.Subscript, base: Unknown) -> bool:
+    """``logits[:, prompt_len - 1 : -1]``: logits cut to the response along
+    their second axis, time. (A classifier head's logits are not cut so.)"""
+    if len(expr.slice) < 2 or not any("logits" in roles.words(n) for n in base.names):
+        return False
+    first, second = expr.slice[0].slice, expr.slice[1].slice
+    return (
+        isinstance(first, cst.Slice)
+        and first.lower is None
+        and first.upper is None
+        and isinstance(second, cst.Slice)
+        and (second.lower is not None or second.upper is not None)
+    )
+
+
+_INIT_ASSIGNMENTS: dict[int, tuple[cst.FunctionDef, dict[str, list[cst.BaseExpression]]]] = {}
+
+
+def _init_assignments(init: cst.FunctionDef) -> dict[str, list[cst.BaseExpression]]:
+    """``self.name = value`` statements at the top level of ``__init__``."""
+    cached = _INIT_ASSIGNMENTS.get(id(init))
+    if cached is not None and cached[0] is init:
+        return cached[1]
+    table: dict[str, list[cst.BaseExpression]] = {}
+    for statement in init.body.body if isinstance(init.body, cst.IndentedBlock) else []:
+        if not isinstance(statement, cst.SimpleStatementLine):
+            continue
+        for small in statement.body:
+            if not isinstance(small, cst.Assign) or len(small.targets) != 1:
+                continue
+            target = small.targets[0].target
+            if (
+                isinstance(target, cst.Attribute)
+                and isinstance(target.value, cst.Name)
+                and target.value.value == "self"
+            ):
+                table.setdefault(target.attr.value, []).append(small.value)
+    _INIT_ASSIGNMENTS[id(init)] = (init, table)
+    return table
 
 
 def compare(operator: cst.BaseCompOp, left: Value, right: Value) -> bool | None:

@@ -26,6 +26,7 @@ from kllint.analysis.sinks import Sink
 from kllint.analysis.values import (
     Flipped,
     FuncRef,
+    Grouped,
     Py,
     Unknown,
     Value,
@@ -120,6 +121,8 @@ class Frame:
             return node if isinstance(node, ir.Node) else ir.Opaque(value.text)
         if isinstance(value, Flipped):
             return ir.Opaque("flipped along time")
+        if isinstance(value, Grouped):
+            return value.node
         return ir.Opaque(type(value).__name__)
 
     # ----------------------------------------------------------------- arithmetic
@@ -148,6 +151,14 @@ class Frame:
         raise NotImplementedError
 
     def inline(self, ref: FuncRef, call: cst.Call) -> Value:
+        raise NotImplementedError
+
+    def bind_loop_target(
+        self,
+        target: cst.BaseAssignTargetExpression,
+        iterable: cst.BaseExpression,
+        node: cst.CSTNode,
+    ) -> None:
         raise NotImplementedError
 
     def add_sink(

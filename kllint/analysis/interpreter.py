@@ -52,6 +52,8 @@ from kllint.analysis.values import (
     DictVal,
     Flipped,
     FuncRef,
+    Grouped,
+    Instance,
     Py,
     Seq,
     Unknown,
@@ -78,13 +80,23 @@ class Interpreter(Calls):
         if self.depth == 0:
             self.root = fn
         self.loss_function = sinks.is_loss_function(
-            fn.name.value, self.cls.node.name.value if self.cls else None, self.context.called
+            fn.name.value,
+            self.cls.node.name.value if self.cls else None,
+            self.context.called,
+            selects=_has_selector_parameter(fn),
         )
         params = fn.params
         for param in [*params.posonly_params, *params.params, *params.kwonly_params]:
             name = param.name.value
             if bound is not None and name in bound:
-                self.env[name] = bound[name]
+                value = bound[name]
+                if isinstance(value, Unknown) and value.logprob_op:
+                    # ``compute_kl(self.logprobs(model, batch), ref)``: a log-prob
+                    # the caller never named is named by the parameter. What the
+                    # caller did name keeps its role: a helper's names never
+                    # override it.
+                    value = self.resolve(replace(value, names=(*value.names, name)), name)
+                self.env[name] = value
             elif param.default is not None and (
                 bound is not None or selectors.is_selector_literal(param.default)
             ):
@@ -376,11 +388,13 @@ class Interpreter(Calls):
             self.eval(small.value)
         elif isinstance(small, cst.Return):
             value = self.eval(small.value) if small.value is not None else Py(None)
-            if self.no_grad and isinstance(value, (ir.Node, Choice, Flipped)):
+            if self.no_grad and isinstance(value, (ir.Node, Choice, Flipped, Grouped)):
                 value = self.lift1(value, ir.detach)
             self.returns.append((AND.join(self.path), value))
             if self.loss_function and self.depth == 0:
                 self.loss_sink_from_return(small, value)
+            elif self.depth == 0 and sinks.is_advantage_function(self.function_name):
+                self.advantage_sink_from_return(small, value)
             return True
         elif isinstance(small, cst.Raise):
             return True
@@ -389,6 +403,37 @@ class Interpreter(Calls):
     def loss_sink_from_return(self, node: cst.Return, value: Value) -> None:
         for item, description in sinks.returned_losses(self.function_name, node.value, value):
             self.add_sink(item, description, True, node)
+
+    def advantage_sink_from_return(self, node: cst.Return, value: Value) -> None:
+        """Advantages that carry a KL, returned to be stored and read by the
+        loss of another call tree: judged as the policy-gradient surrogate
+        ``-advantages * logp`` that loss computes with them."""
+        advantages = value.items[0] if isinstance(value, Seq) and value.items else value
+        if not isinstance(advantages, (ir.Node, Choice)) or any(
+            sink.function_node is self.function_node for sink in self.context.sinks
+        ):
+            return  # a training step that backpropagates itself is judged by its own loss
+        options = advantages.options if isinstance(advantages, Choice) else [("", advantages)]
+        if not any(
+            isinstance(v, ir.Node)
+            and v.has_role(Role.REFERENCE_LOGP)
+            and not ir.depends_on_policy(v)
+            for _, v in options
+        ):
+            return
+        origin = ir.Origin(
+            self.context.path,
+            cst_node=node,
+            statement=self.statement,
+            assumed="the returned advantages weight the policy's log-probs in a "
+            "policy-gradient loss that reads them back",
+        )
+        policy = ir.Atom(Role.POLICY_LOGP, "logp (in the loss reading the advantages)")
+        surrogate = self.lift1(
+            advantages,
+            lambda a: ir.neg(ir.Binary("mul", a, policy, origin=origin), origin),
+        )
+        self.add_sink(surrogate, f"the advantages returned by `{self.function_name}`", True, node)
 
     def add_sink(
         self,
@@ -430,7 +475,7 @@ class Interpreter(Calls):
             )
 
     def assign(self, target: cst.BaseExpression, value: Value, node: cst.CSTNode) -> None:
-        if self.no_grad and isinstance(value, (ir.Node, Choice, Flipped)):
+        if self.no_grad and isinstance(value, (ir.Node, Choice, Flipped, Grouped)):
             # Whatever is computed under no_grad/inference_mode has no gradient,
             # including arithmetic on tensors that had one.
             value = self.lift1(value, ir.detach)
@@ -438,12 +483,25 @@ class Interpreter(Calls):
             self.assign_name(target.value, value, node)
         elif isinstance(target, (cst.Tuple, cst.List)):
             self.assign_unpacked(target, value, node)
+        elif (
+            isinstance(target, cst.Attribute)
+            and isinstance(target.value, cst.Name)
+            and isinstance(self.env.get(target.value.value), Instance)
+        ):
+            # ``self.kind = kind`` in the ``__init__`` of an object being built.
+            self.env[target.value.value].attrs[target.attr.value] = value  # type: ignore[union-attr]
         elif isinstance(target, cst.Subscript) and isinstance(target.value, cst.Name):
             container = self.env.get(target.value.value)
             key = string_key(target)
             if isinstance(container, (ir.Node, Seq)):
-                # ``buffer[:, i] = ...`` fills a tensor in place: it is no longer what it was.
-                self.env[target.value.value] = Unknown(target.value.value, (target.value.value,))
+                # ``buffer[:, i] = ...`` fills a tensor in place: it is no longer
+                # what it was; filled under no_grad, it has no gradient.
+                self.env[target.value.value] = Unknown(
+                    target.value.value, (target.value.value,), detached=self.no_grad
+                )
+            elif isinstance(container, Unknown) and self.no_grad:
+                # ``logps = torch.zeros(...)`` filled row by row under no_grad.
+                self.env[target.value.value] = replace(container, detached=True)
             if isinstance(container, DictVal) and key is not None:
                 container.items[key] = value
                 if sinks.is_loss_name(key):
@@ -507,7 +565,7 @@ class Interpreter(Calls):
         params = ref.node.params
         positional = [*params.posonly_params, *params.params]
         if ref.bound and positional and positional[0].name.value in ("self", "cls"):
-            bound[positional[0].name.value] = Unknown("self", ("self",))
+            bound[positional[0].name.value] = ref.receiver or Unknown("self", ("self",))
             positional = positional[1:]
         elif ref.cls is not None and positional and positional[0].name.value in ("self", "cls"):
             positional = positional[1:]
@@ -517,15 +575,37 @@ class Interpreter(Calls):
                 bound[positional[index].name.value] = preset
                 index += 1
         bound.update(ref.preset_kwargs)
+        unread_splat = False
         for arg in call.args:
-            if arg.star:
-                return Unknown(code(call), (ref.node.name.value,), call=True)
             value = self.eval(arg.value)
+            if arg.star == "**":
+                # ``**self.config.global_batch_info``: the entries kllint can read
+                # are bound; the others keep their defaults (normalisers, flags).
+                if isinstance(value, DictVal):
+                    bound.update(value.items)
+                else:
+                    unread_splat = True
+                continue
+            if arg.star == "*":
+                if not isinstance(value, Seq) or value.appended:
+                    index = len(positional)  # the rest of the positionals are unknown
+                    unread_splat = True
+                    continue
+                for item in value.items:
+                    if index < len(positional):
+                        bound[positional[index].name.value] = item
+                        index += 1
+                continue
             if arg.keyword is not None:
                 bound[arg.keyword.value] = value
             elif index < len(positional):
                 bound[positional[index].name.value] = value
                 index += 1
+        if unread_splat and not any(_log_probs_in(v) for v in bound.values()):
+            # Past a splat kllint cannot read, a helper is followed only when it
+            # is given log-probs (a KL term on its way to a loss): elsewhere the
+            # cost of following it buys nothing.
+            return Unknown(code(call), (ref.node.name.value,), call=True)
         site = self.call_site or self.origin(call)
         if self.call_site is None:
             site = ir.Origin(
@@ -533,6 +613,12 @@ class Interpreter(Calls):
                 helper=helper_label(ref),
                 cst_node=call,
                 helper_node=ref.node,
+                reported_by_helper=ref.module.path != self.module.path
+                and sinks.is_loss_function(
+                    ref.node.name.value,
+                    ref.cls.node.name.value if ref.cls else None,
+                    _called_in(ref.module),
+                ),
             )
         callee = Interpreter(
             self.context,
@@ -565,6 +651,14 @@ class Interpreter(Calls):
         if isinstance(result, Seq):
             return Seq([item if keep(item) else credited for item in result.items])
         return result if keep(result) else credited
+
+
+def _log_probs_in(value: Value) -> bool:
+    if isinstance(value, Choice):
+        return any(_log_probs_in(v) for _, v in value.options)
+    return isinstance(value, ir.Node) and any(
+        a.role in (Role.POLICY_LOGP, Role.REFERENCE_LOGP, Role.OLD_LOGP) for a in value.atoms()
+    )
 
 
 def _time_loop_direction(statement: cst.For | cst.While) -> str | None:
@@ -606,6 +700,26 @@ def _assigned_names(body: cst.BaseSuite) -> list[str]:
     return names
 
 
+def _has_selector_parameter(fn: cst.FunctionDef) -> bool:
+    """A parameter that may pick a branch or say what the tensors are: a
+    string default, a name such as ``kind``, ``estimator``, ``kl_type``,
+    ``mode``, a config object (``self`` with its settings), or log-probs the
+    caller computed."""
+    params = fn.params
+    positional = [*params.posonly_params, *params.params]
+    if positional and positional[0].name.value in ("self", "cls"):
+        return True
+    for param in [*params.posonly_params, *params.params, *params.kwonly_params]:
+        if isinstance(param.default, (cst.SimpleString, cst.ConcatenatedString)):
+            return True
+        if roles.is_logprob_name(param.name.value):
+            return True
+        ws = set(roles.words(param.name.value))
+        if ws & (selectors.SELECTOR_WORDS | selectors.CONFIG_WORDS | {"type", "mode", "variant"}):
+            return True
+    return isinstance(params.star_kwarg, cst.Param)
+
+
 def helper_label(ref: FuncRef) -> str:
     """How a helper is named in messages: ``name`` (path:line)."""
     path = ref.module.path
@@ -630,6 +744,17 @@ def called_names(source: str) -> frozenset[str]:
     """Functions and methods a module calls by name (``f(...)``, ``self.f(...)``).
     A text scan: a LibCST visitor over the whole module costs more than the parse."""
     return frozenset(_CALL.findall(source))
+
+
+_CALLED: dict[int, tuple[ModuleInfo, frozenset[str]]] = {}
+
+
+def _called_in(module: ModuleInfo) -> frozenset[str]:
+    cached = _CALLED.get(id(module))
+    if cached is None or cached[0] is not module:
+        cached = (module, called_names(module.source))
+        _CALLED[id(module)] = cached
+    return cached[1]
 
 
 def iter_functions(module: ModuleInfo) -> Iterator[tuple[cst.FunctionDef, ClassInfo | None]]:

@@ -75,6 +75,12 @@ class Origin:
     # What the code computes here when the IR holds a surrogate with the same
     # expected gradient instead (an exact divergence over the vocabulary).
     estimate: str | None = None
+    # What kllint assumed here because it could not follow the code (an
+    # unresolved callee taken for a reduction), said in the finding's notes.
+    assumed: str | None = None
+    # A call of a loss function of another file: what it computes is that
+    # file's finding (one bug, one finding), not the caller's.
+    reported_by_helper: bool = False
 
 
 @dataclass(frozen=True, eq=False)
@@ -112,6 +118,9 @@ class Atom(Node):
     role: Role
     name: str  # the user's spelling, for messages and printed fixes
     level: Level = Level.TOKEN
+    # Evidence that it is per token of a sequence (computed from logits cut
+    # along time), whatever its name says.
+    per_token: bool = field(default=False, compare=False)
 
 
 @dataclass(frozen=True, eq=False)
@@ -204,6 +213,12 @@ def neg(x: Node, origin: Origin | None = None) -> Node:
 
 
 def binary(op: str, left: Node, right: Node, origin: Origin | None = None) -> Node:
+    # ``kl_term - entropy_term`` where the entropy term is ``torch.tensor(0.0)``
+    # on one branch: the KL term is what it was, reported where it was written.
+    if op in ("add", "sub") and isinstance(right, Const) and right.value == 0:
+        return left
+    if op == "add" and isinstance(left, Const) and left.value == 0:
+        return right
     if isinstance(left, Const) and isinstance(right, Const):
         a, b = left.value, right.value
         try:

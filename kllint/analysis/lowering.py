@@ -22,6 +22,7 @@ from kllint.analysis.syntax import code
 from kllint.analysis.values import (
     Choice,
     Flipped,
+    Grouped,
     NodeOf,
     Py,
     Seq,
@@ -244,8 +245,13 @@ def _float(value: Value | None) -> float | None:
     return None
 
 
-def gathered(at: TorchCall, receiver: Value) -> Value:
-    """``log_probs.gather(-1, ids)``: the log-prob of the sampled token."""
+def gathered(at: TorchCall, receiver: Value, index: Value | None = None) -> Value:
+    """``log_probs.gather(-1, ids)``: the log-prob of the sampled token. A
+    gather at the indices of a top-k (``gather(-1, topk_ids)``) keeps k
+    entries of each next-token distribution: a summed divergence over them is
+    an exact one, not a sampled estimate."""
+    if top_k_support(index):
+        return receiver
     if isinstance(receiver, Unknown):
         return replace(receiver, distribution=False)
     return at.lift1(receiver, to_token_level)
@@ -299,6 +305,9 @@ def _reduce(name: str) -> MethodLowering:
         dim = kwargs.get("dim", kwargs.get("axis", args[0] if args else None))
         reduced = axis(dim)
         origin = at.origin
+        if isinstance(receiver, Grouped):
+            # A group baseline (``rewards.view(-1, n).mean(dim=1)``): over samples.
+            return ir.Reduce(kind, Axis.BATCH, receiver.node, origin=origin)
         if reduced is Axis.TIME and has_distribution(receiver):
             return at.lift1(receiver, lambda n: vocabulary_expectation(kind, n, origin))
         if isinstance(receiver, Flipped):
@@ -332,14 +341,62 @@ def _size(at: TorchCall, receiver: Value, args: Args, kwargs: Kwargs) -> Value:
     return ir.Atom(Role.COEFFICIENT, at.code)
 
 
+def normalised_gather(op: str, left: Value, right: Value) -> Value | None:
+    """``x.gather(-1, ids).squeeze(-1) - torch.logsumexp(x, -1)``: the sampled
+    token's log-softmax without the full log-softmax (a fused kernel's idiom),
+    a log-prob whose role its name or its model says."""
+    if not (
+        op == "sub"
+        and isinstance(left, Unknown)
+        and isinstance(right, Unknown)
+        and right.logprob_op
+        and "logsumexp" in right.names
+        and set(left.names) & set(right.names[1:])
+    ):
+        return None
+    return replace(
+        left,
+        text=f"{left.text} - {right.text}",
+        call=True,
+        logprob_op=True,
+        distribution=False,
+        reference_model=left.reference_model or right.reference_model,
+    )
+
+
+def _view(at: TorchCall, receiver: Value, args: Args, kwargs: Kwargs) -> Value:
+    """``x.view(-1, n)`` regroups samples; ``x.view(-1)``, ``flatten()`` undo it."""
+    if isinstance(receiver, Choice):
+        return Choice([(label, _view(at, v, args, kwargs)) for label, v in receiver.options])
+    if isinstance(receiver, Grouped):
+        return receiver.node if len(args) <= 1 else receiver
+    if (
+        len(args) == 2
+        and _float(args[0]) == -1
+        and isinstance(receiver, ir.Node)
+        and not isinstance(receiver, ir.Opaque)
+    ):
+        return Grouped(receiver)
+    return receiver
+
+
 def _gather(at: TorchCall, receiver: Value, args: Args, kwargs: Kwargs) -> Value:
-    return gathered(at, receiver)
+    return gathered(at, receiver, args[1] if len(args) > 1 else kwargs.get("index"))
+
+
+def top_k_support(index: Value | None) -> bool:
+    """Indices from ``torch.topk`` (``topk_ids``, ``top_k_indices``)."""
+    if not isinstance(index, Unknown):
+        return False
+    return any("topk" in n.lower().replace("_", "") for n in index.names)
 
 
 def _method_registry() -> dict[str, MethodLowering]:
     """Earlier entries win: ``gather`` keeps the token it selects although it
     also keeps the tensor's role, ``item`` detaches."""
     registry: dict[str, MethodLowering] = {"gather": _gather}
+    for name in ("view", "reshape", "flatten", "unflatten"):
+        registry[name] = _view
     for name in TENSOR_IDENTITY:
         registry.setdefault(name, _identity)
     for name in DETACHING:
@@ -449,6 +506,13 @@ def _where(at: TorchCall, args: Args, kwargs: Kwargs) -> Value | None:
         return None
     condition, chosen, other = args
     if not (isinstance(condition, ir.Node) and is_mask(condition)):
+        # Any other condition (``denom > 0``, ``ratio > cap``) guards or clips:
+        # where only one side has a gradient path to the policy, that side is
+        # what flows (an empty-mask guard's 0, a truncation's constant cap).
+        if _flows(chosen) and not _flows(other):
+            return chosen
+        if _flows(other) and not _flows(chosen):
+            return other
         return ir.Opaque("torch.where")
     origin = at.origin
 
@@ -460,6 +524,12 @@ def _where(at: TorchCall, args: Args, kwargs: Kwargs) -> Value | None:
         return ir.binary("add", kept, rest, origin)
 
     return at.lift2(chosen, other, masked)
+
+
+def _flows(value: Value) -> bool:
+    if isinstance(value, Choice):
+        return any(_flows(v) for _, v in value.options)
+    return isinstance(value, ir.Node) and ir.depends_on_policy(value)
 
 
 def _mse_loss(at: TorchCall, args: Args, kwargs: Kwargs) -> Value | None:

@@ -35,7 +35,7 @@ _SKIP_DIRS = {
 }
 _LITERAL = r"(\"[^\"\n]*\"|'[^'\n]*'|True|False|None|-?\d+(?:\.\d+)?)"
 _ARGPARSE = re.compile(
-    r"add_argument\(\s*(?:\"-\w\"\s*,\s*|'-\w'\s*,\s*)?[\"']--?([\w-]+)[\"']((?:(?!add_argument).){0,800}?)\)\s*$",
+    r"add_argument\(\s*(?:\"-\w\"\s*,\s*|'-\w'\s*,\s*)?[\"']--?([\w.-]+)[\"']((?:(?!add_argument).){0,800}?)\)\s*$",
     re.DOTALL | re.MULTILINE,
 )
 _ARG_DEFAULT = re.compile(r"\bdefault\s*=\s*" + _LITERAL)

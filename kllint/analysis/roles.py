@@ -141,6 +141,11 @@ COEFFICIENT_WORDS = frozenset(
         "gamma",
         "eps",
         "epsilon",
+        # Counts that normalise a loss (``loss / grad_accum``, ``/ num_mini_batches``).
+        "accum",
+        "accumulation",
+        "num",
+        "count",
     }
 )
 # Objects that hold stored rollout data: a tensor read from one has no gradient.
@@ -267,6 +272,10 @@ class RolePatterns:
 
 
 def level_of(name: str) -> Level:
+    if "topk" in name.lower().replace("_", ""):
+        # ``student_topk_log_probs``: k entries of each next-token
+        # distribution (a top-k support), not the sampled token's log-prob.
+        return Level.DISTRIBUTION
     return Level.SEQUENCE if has_words(name, SEQUENCE_WORDS) else Level.TOKEN
 
 
@@ -374,7 +383,7 @@ def resolve(
             return ir.Atom(weight, unknown.text)
         return ir.Opaque(unknown.text)
     level = ir.Level.DISTRIBUTION if unknown.distribution else level_of(name)
-    atom: ir.Node = ir.Atom(role, name, level)
+    atom: ir.Node = ir.Atom(role, name, level, per_token=unknown.per_token)
     if prob:
         atom = ir.Unary("exp", atom)
     if unknown.stored or unknown.detached or no_grad:

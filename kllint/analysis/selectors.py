@@ -114,22 +114,34 @@ def config_default(
     cls: ClassInfo | None,
     base: Unknown,
     attr: str,
+    *,
+    index: bool = False,
 ) -> Py | None:
     """``self.config.kl_loss_type`` and the like: the one default the
-    project gives that setting, if there is exactly one."""
+    project gives that setting, if there is exactly one. An ``index`` (a
+    setting that picks an item, ``stack[args.kl_estimator]``) may be an int."""
     if base.call or base.module is not None:
         return None
-    typed = typed_default(project, module, function, cls, base.names, attr)
+    typed = typed_default(project, module, function, cls, base.names, attr, index=index)
     if typed is not None:
         return typed
-    if not any(w in CONFIG_WORDS for n in base.names for w in roles.words(n)):
+    config_at = next(
+        (i for i, n in enumerate(base.names) if any(w in CONFIG_WORDS for w in roles.words(n))),
+        None,
+    )
+    if config_at is None:
         return None
-    defaults = project.config_defaults(fs_path, attr)
+    # ``args.algo.kl.estimator`` from a dotted option ``--algo.kl.estimator``
+    # (nested after parsing), or ``getattr(args, "algo.kl.estimator")``.
+    nested = ".".join((*base.names[config_at + 1 :], attr))
+    defaults = project.config_defaults(fs_path, nested) if "." in nested else []
+    defaults = defaults or project.config_defaults(fs_path, attr)
     # ``args.x`` is an argparse namespace; ``config.x`` a config class or YAML.
     from_args = any("args" in roles.words(n) for n in base.names)
     preferred = [d for d in defaults if (d.kind == "argparse") == from_args]
     defaults = preferred or defaults
-    if not all(isinstance(d.value, str) for d in defaults):
+    kinds = (str, int) if index else (str,)
+    if not all(isinstance(d.value, kinds) and not isinstance(d.value, bool) for d in defaults):
         # Feature flags and numbers stay open: a default of ``use_kl_loss:
         # false`` must not hide the code path users turn on.
         return None
@@ -149,6 +161,8 @@ def typed_default(
     cls: ClassInfo | None,
     names: tuple[str, ...],
     attr: str,
+    *,
+    index: bool = False,
 ) -> Py | None:
     """``config.x`` where ``config: TrainerConfig`` is a parameter (or
     ``self.args.x`` where ``__init__`` takes ``args: TrainerConfig``): the
@@ -168,13 +182,15 @@ def typed_default(
         return None
     config_class, where = found
     value = _field_default(config_class, attr)
+    literal: object = None
     if isinstance(value, cst.SimpleString) and isinstance(value.evaluated_value, str):
-        line = where.line_of_class(config_class.node.name.value)
-        return Py(
-            value.evaluated_value,
-            source=f"`{config_class.node.name.value}` ({where.path.name}:{line})",
-        )
-    return None
+        literal = value.evaluated_value
+    elif index and isinstance(value, cst.Integer):
+        literal = int(value.value, 0)
+    if literal is None:
+        return None
+    line = where.line_of_class(config_class.node.name.value)
+    return Py(literal, source=f"`{config_class.node.name.value}` ({where.path.name}:{line})")
 
 
 def _field_default(cls: ClassInfo, attr: str) -> cst.BaseExpression | None:
@@ -196,7 +212,7 @@ def _field_default(cls: ClassInfo, attr: str) -> cst.BaseExpression | None:
                     (a.value for a in value.args if a.keyword and a.keyword.value == "default"),
                     None,
                 )
-            if isinstance(value, cst.SimpleString) and isinstance(value.evaluated_value, str):
+            if isinstance(value, (cst.SimpleString, cst.Integer)):
                 return value
     return None
 

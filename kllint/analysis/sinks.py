@@ -85,17 +85,48 @@ def names_a_loss_function(name: str) -> bool:
     return ("loss" in ws or "losses" in ws) and not set(ws) & NOT_A_LOSS_WORDS
 
 
-def is_loss_function(name: str, class_name: str | None, called: frozenset[str]) -> bool:
-    """Whether what a function returns is a loss, judged where it is defined."""
-    if name in called and name not in LOSS_FUNCTIONS:
+def is_loss_function(
+    name: str, class_name: str | None, called: frozenset[str], *, selects: bool = True
+) -> bool:
+    """Whether what a function returns is a loss, judged where it is defined.
+    ``selects``: whether a parameter may pick a branch (a string default, a
+    ``kind``), so that only a call site can say which estimator is used."""
+    if (
+        name in called
+        and name not in LOSS_FUNCTIONS
+        and (selects or not names_a_loss_function(name))
+    ):
         # A helper of this file: judged at its call sites, where the
         # arguments (and so the branch and the gradient path) are known.
         # Framework entry points (compute_loss, training_step) stay losses
-        # even when the file also calls them, e.g. under no_grad to evaluate.
+        # even when the file also calls them, e.g. under no_grad to evaluate;
+        # so does a function named like a loss that nothing can steer
+        # (``guarded_k3_loss(model, batch)``, picked by a trainer's if/elif):
+        # its findings are placed at its own estimator, once.
         return False
     if name in LOSS_FUNCTIONS or is_loss_name(name) or names_a_loss_function(name):
         return True
-    return name in ("forward", "__call__") and class_name is not None and is_loss_name(class_name)
+    # A loss module this file builds (``self.kl_loss_fn = KLLoss(kind=...)``)
+    # is judged where it is called, with its attributes known.
+    return (
+        name in ("forward", "__call__")
+        and class_name is not None
+        and is_loss_name(class_name)
+        and class_name not in called
+    )
+
+
+def is_advantage_function(name: str) -> bool:
+    """``compute_grpo_advantage``, ``compute_advantages``: what it returns
+    weights the policy's log-probs in a policy-gradient loss, wherever that
+    loss reads it back (from stored batch data, in another module)."""
+    ws = roles.words(name)
+    return (
+        bool(ws)
+        and ws[0] in ("compute", "get", "calc", "calculate", "estimate", "make")
+        and bool(set(ws) & {"advantage", "advantages"})
+        and not set(ws) & NOT_A_LOSS_WORDS
+    )
 
 
 def returned_losses(

@@ -103,7 +103,7 @@ class KLSite:
             ):
                 return True
             if isinstance(node, ir.Atom) and (
-                node.role is Role.MASK or has_words(node.name, TOKEN_WORDS)
+                node.role is Role.MASK or node.per_token or has_words(node.name, TOKEN_WORDS)
             ):
                 return True
         return False
@@ -345,6 +345,8 @@ def build_site(
         return None
     focus = focus_of(term)
     origin = focus.origin or term.origin or fallback
+    if origin.reported_by_helper:
+        return None
     return KLSite(
         term=term,
         focus=focus,

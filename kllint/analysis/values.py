@@ -62,6 +62,14 @@ class Flipped:
 
 
 @dataclass
+class Grouped:
+    """``rewards.view(-1, n)``: samples regrouped by prompt (GRPO, RLOO), so
+    that a reduction along any axis of it is over samples, not over time."""
+
+    node: ir.Node
+
+
+@dataclass
 class Unknown:
     """A value the interpreter cannot compute, with the evidence needed to
     decide later what it is: the names along its attribute/subscript/call
@@ -79,6 +87,18 @@ class Unknown:
     numpy: bool = False  # a NumPy (or other non-autograd) array
     distribution: bool = False  # log_softmax over the vocabulary, not gathered
     class_name: str | None = None  # a class of this module (an Enum, a constants class)
+    # Cut along time (``logits[:, start:end]``): per token of a sequence.
+    per_token: bool = False
+
+
+@dataclass
+class Instance:
+    """An object of a class of the project (``KLLoss(kind="low_var_kl")``):
+    the attributes its ``__init__`` set, so that its methods see them."""
+
+    cls: ClassInfo
+    module: ModuleInfo
+    attrs: dict[str, Value] = field(default_factory=dict)
 
 
 @dataclass
@@ -90,9 +110,10 @@ class FuncRef:
     # ``functools.partial(f, *args, **kwargs)``: arguments given in advance.
     preset_args: tuple[Value, ...] = ()
     preset_kwargs: dict[str, Value] = field(default_factory=dict)
+    receiver: Instance | None = None  # the object a bound method is called on
 
 
-Value = ir.Node | Py | Choice | Seq | DictVal | Flipped | Unknown | FuncRef
+Value = ir.Node | Py | Choice | Seq | DictVal | Flipped | Grouped | Unknown | FuncRef | Instance
 
 
 # ----------------------------------------------------------------- arithmetic
@@ -106,6 +127,8 @@ def lift1(value: Value, fn: Callable[[ir.Node], ir.Node], as_node: NodeOf) -> Va
         return choice([(label, lift1(v, fn, as_node)) for label, v in value.options])
     if isinstance(value, Flipped):
         return Flipped(fn(value.node))  # elementwise ops commute with a flip
+    if isinstance(value, Grouped):
+        return Grouped(fn(value.node))
     return fn(as_node(value))
 
 
@@ -124,6 +147,10 @@ def lift2(
             if (label := join_conditions(la, lb)) is not None
         ][:MAX_OPTIONS]
         return choice([(label, lift2(a, b, fn, as_node)) for label, a, b in combos])
+    if isinstance(left, Grouped) or isinstance(right, Grouped):
+        # ``grouped - grouped.mean(-1, keepdim=True)``: still grouped.
+        ungrouped = [v.node if isinstance(v, Grouped) else as_node(v) for v in (left, right)]
+        return Grouped(fn(ungrouped[0], ungrouped[1]))
     if isinstance(left, Flipped) and isinstance(right, Flipped):
         return Flipped(fn(left.node, right.node))
     if isinstance(left, Flipped) or isinstance(right, Flipped):

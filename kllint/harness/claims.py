@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kllint.analysis import ir
+from kllint.analysis.gradient import Unsupported, profile
 from kllint.analysis.sites import length_normalised
 from kllint.harness.regimes import (
     BANDIT,
@@ -33,9 +34,7 @@ from kllint.harness.regimes import (
     label,
     regime_of,
 )
-from kllint.harness.verdict import (
-    BIASED,
-)
+from kllint.harness.verdict import BIASED, NEGATED
 
 CONFIRMED = "confirmed"
 CONTRADICTED = "contradicted"
@@ -59,6 +58,13 @@ class Claim:
     def expected(self, instance: str) -> str:
         allowed = self.verdicts.get(regime_of(instance))
         return " or ".join(sorted(allowed)) if allowed else "anything"
+
+
+def _subtracted(term: ir.Node) -> bool:
+    try:
+        return profile(term).scale < 0
+    except Unsupported:
+        return False
 
 
 def clamped(term: ir.Node) -> bool:
@@ -90,6 +96,12 @@ def claim_for(code: str, term: ir.Node) -> Claim | None:
         # Samples from pi_old: only an importance-weighted estimate keeps
         # its on-policy expectation.
         verdicts[OFF_POLICY] = verdicts[OFF_POLICY] | {BIASED}
+    if code != "KL006" and _subtracted(term):
+        # The rule claims a direction; a term that enters the loss with a
+        # minus sign is measured as its negation (KL006 reports the sign).
+        for regime in REGIMES:
+            verdicts[regime] = verdicts[regime] | {NEGATED}
+        statement += " (with the sign the loss gives it)"
     if length_normalised(term):
         for regime in VARIABLE:
             verdicts[regime] = frozenset({BIASED})

@@ -95,6 +95,10 @@ def context_notes(site: KLSite) -> list[str]:
     notes.append(f"reaches the loss through {site.sink}")
     if site.origin.helper:
         notes.append(f"computed in {site.origin.helper}")
+    for assumption in dict.fromkeys(
+        n.origin.assumed for n in site.term.walk() if n.origin is not None and n.origin.assumed
+    ):
+        notes.append(f"assumed: {assumption}")
     if site.branch:
         notes.append(
             f"when {site.branch} (a selector kllint could not resolve statically: "

@@ -16,7 +16,8 @@ from kllint.rules.base import Rule, estimate
 
 def applies(site: KLSite) -> bool:
     p = site.profile
-    return (p.direction is Direction.REVERSE_KL and p.scale > 0) or p.sequence_reverse_kl
+    # A negated k3 has two defects: fixing the sign (KL006) leaves the direction wrong.
+    return (p.direction is Direction.REVERSE_KL and p.scale != 0) or p.sequence_reverse_kl
 
 
 def headline(site: KLSite) -> str:

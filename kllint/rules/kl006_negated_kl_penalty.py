@@ -43,6 +43,8 @@ RULE = Rule(
     headline=headline,
     reason=reason,
     fix_title="Add the KL penalty to the loss (`loss = pg_loss + beta * kl`), or subtract it from the rewards",
+    # A negated k3 is measured as a negative multiple of the gradient of
+    # KL(pi_ref||pi): "negated" too; KL002 reports its direction.
     confirms={"bandit": frozenset({"negated"}), "sequences": frozenset({"negated"})},
     claim="a negated KL gradient",
 )
