@@ -68,7 +68,7 @@ def check_source(source: str, path: str, project: Project, roles: RolePatterns) 
     if not verdicts:
         return []
     _place([v.site.origin for v in verdicts], module)
-    return sorted((_finding(v.rule, v.site, v.alternatives) for v in verdicts), key=Finding.sort_key)
+    return sorted((_finding(v) for v in verdicts), key=Finding.sort_key)
 
 
 def interpret(
@@ -126,6 +126,9 @@ class _Verdict:
     # The same finding's KL sites on the other branches that reach it
     # (``if mask is None`` in a helper): ``--confirm`` measures each.
     alternatives: list[KLSite] = field(default_factory=list)
+    # Other rules that hold for the same expression on other branches of a
+    # selector kllint could not resolve: named in this finding's notes.
+    elsewhere: list[_Verdict] = field(default_factory=list)
 
 
 def _judged(sinks: list[Sink]) -> list[Sink]:
@@ -190,7 +193,28 @@ def _verdicts(sinks: list[Sink], path: str) -> list[_Verdict]:
         shared = common_condition(verdict.branches)
         if shared != verdict.site.branch:
             verdict.site = replace(verdict.site, branch=shared)
-    return _kept(list(best.values()), cleared)
+    return _one_per_expression(_kept(list(best.values()), cleared))
+
+
+def _one_per_expression(verdicts: list[_Verdict]) -> list[_Verdict]:
+    """One bug, one finding: where an unresolved selector takes one expression
+    to different rules on different branches (``kl_type`` picks k1 or k3),
+    report the verdict reached unconditionally, else the first by code, and
+    name the others in its notes. Two defects on the same branch (a negated
+    k3: KL002 and KL006) stay two findings."""
+    groups: dict[int, list[_Verdict]] = {}
+    for verdict in verdicts:
+        groups.setdefault(id(verdict.site.origin.cst_node), []).append(verdict)
+    kept: list[_Verdict] = []
+    for group in groups.values():
+        group.sort(key=lambda v: (bool(v.site.branch), v.rule.code))
+        primary = group[0]
+        for verdict in group:
+            if verdict is primary or not set(verdict.branches).isdisjoint(primary.branches):
+                kept.append(verdict)  # reached together with the primary: its own defect
+            else:
+                primary.elsewhere.append(verdict)
+    return kept
 
 
 def _origin_nodes(terms: Iterable[ir.Node]) -> Iterator[int]:
@@ -250,13 +274,25 @@ def _place(origins: list[ir.Origin], module: cst.Module) -> None:
             origin.code = " ".join(module.code_for_node(node).split())
 
 
-def _finding(rule: Rule, site: KLSite, alternatives: list[KLSite]) -> Finding:
+def _elsewhere_note(other: dict[str, str], branch: str) -> str:
+    where = f"when {other['branch']}" if other["branch"] != branch else "on another branch"
+    return f"{where}: {other['code']} {other['message']}"
+
+
+def _finding(verdict: _Verdict) -> Finding:
+    rule, site = verdict.rule, verdict.site
     origin = site.origin
     line, column = origin.line or 1, origin.column or 1
     found = facts(site)
     found["expression"] = origin.code
     if origin.notes:
         found["resolved"] = list(origin.notes)
+    elsewhere = [
+        {"code": v.rule.code, "branch": v.site.branch, "message": v.rule.headline(v.site)}
+        for v in verdict.elsewhere
+    ]
+    if elsewhere:
+        found["other_branches"] = elsewhere
     return Finding(
         code=rule.code,
         name=rule.name,
@@ -270,6 +306,11 @@ def _finding(rule: Rule, site: KLSite, alternatives: list[KLSite]) -> Finding:
         fix_title=rule.fix_title,
         facts=found,
         site=site,
-        alternatives=alternatives,
-        notes=[rule.reason(site), *origin.notes, *context_notes(site)],
+        alternatives=verdict.alternatives,
+        notes=[
+            rule.reason(site),
+            *origin.notes,
+            *context_notes(site),
+            *(_elsewhere_note(e, site.branch) for e in elsewhere),
+        ],
     )

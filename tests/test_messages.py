@@ -35,9 +35,9 @@ def test_the_reasoning_sink_and_helper_are_notes() -> None:
 
 def test_a_selector_resolved_from_a_config_default_is_a_note() -> None:
     k3 = next(f for f in findings("corpus/helpers_dispatch.py") if f.line == 112)
-    assert "kind = 'k3' (the default in `TrainerConfig` (helpers_dispatch.py:105))" in k3.notes
+    assert "kind = 'k3' (default from `TrainerConfig` (helpers_dispatch.py:105))" in k3.notes
     assert k3.facts["resolved"] == [
-        "kind = 'k3' (the default in `TrainerConfig` (helpers_dispatch.py:105))"
+        "kind = 'k3' (default from `TrainerConfig` (helpers_dispatch.py:105))"
     ]
 
 
@@ -52,3 +52,38 @@ def test_every_headline_is_one_short_line() -> None:
         assert "\n" not in finding.message and ";" not in finding.message, finding.message
         assert len(finding.message) <= 120, finding.message
         assert finding.notes, finding.code
+
+
+def test_an_unresolved_selector_gives_one_finding_naming_the_other_branches(
+    tmp_path: Path,
+) -> None:
+    # `kl_type` comes from the caller: k1 and k3 are both reachable on one line.
+    source = '''\
+import torch
+
+
+def kl_term(logp, ref_logp, kl_type):
+    log_ratio = logp - ref_logp
+    if kl_type == "k1":
+        kl = log_ratio
+    else:
+        kl = torch.exp(-log_ratio) + log_ratio - 1
+    return kl
+
+
+def compute_loss(logp, ref_logp, mask, kl_type):
+    kl = kl_term(logp, ref_logp, kl_type)
+    return (kl * mask).sum(-1).mean()
+'''
+    path = tmp_path / "loss.py"
+    path.write_text(source)
+    found = check_source(source, str(path), Project([tmp_path]), RolePatterns())
+    assert [f.code for f in found] == ["KL001"]
+    (k1,) = found
+    assert any(n.startswith('when not (kl_type == "k1"): KL002 k3 estimate') for n in k1.notes)
+    assert k1.facts["other_branches"][0]["code"] == "KL002"
+
+
+def test_two_defects_on_one_branch_stay_two_findings() -> None:
+    found = [f for f in findings("heldout4/tinyzero_actor.py") if f.line == 76]
+    assert sorted(f.code for f in found) == ["KL002", "KL006"]

@@ -56,7 +56,7 @@ _YAML = re.compile(
 @dataclass(frozen=True)
 class Default:
     value: object
-    source: str  # "argparse default in cli/train.py", ...
+    source: str  # "argparse, cli/train.py:12", "config/ppo.yaml:32", ...
     kind: str = "field"  # "argparse" | "field" | "yaml"
 
 
@@ -268,7 +268,7 @@ class Project:
                 defaults.add(
                     key,
                     _literal(default.group(1)),
-                    f"argparse default in {shown}:{line_number}",
+                    f"argparse, {shown}:{line_number}",
                     "argparse",
                 )
         # Class-body assignments (dataclass and pydantic fields, plain config

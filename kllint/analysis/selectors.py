@@ -81,7 +81,7 @@ def condition_label(test: cst.BaseExpression, *, in_helper: bool) -> str:
 
 def default_note(subject: cst.BaseExpression, default: Py) -> str:
     """How a resolved config default is explained in a finding."""
-    return f"{full_code(subject)} = {default.value!r} (the default in {default.source})"
+    return f"{full_code(subject)} = {default.value!r} (default from {default.source})"
 
 
 def class_constant(module: ModuleInfo, class_name: str, attr: str) -> Py | None:
