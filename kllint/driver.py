@@ -25,10 +25,12 @@ from kllint.analysis.interpreter import (
     Sink,
     called_names,
     iter_functions,
+    may_compute_kl,
 )
 from kllint.analysis.ir import clear_caches
 from kllint.analysis.project import Project
 from kllint.analysis.roles import RolePatterns, names_reference_logprob
+from kllint.analysis.selectors import clear_labels
 from kllint.analysis.sites import KLSite, build_site, focus_of, kl_terms
 from kllint.analysis.values import Choice, common_condition, show_condition
 from kllint.findings import Finding
@@ -65,6 +67,7 @@ def check_source(source: str, path: str, project: Project, roles: RolePatterns) 
     module, sinks = interpret(source, path, project, roles)
     verdicts = _verdicts(sinks, path)
     clear_caches()
+    clear_labels()
     if not verdicts:
         return []
     _place([v.site.origin for v in verdicts], module)
@@ -87,7 +90,8 @@ def interpret(
         called=called_names(source),
     )
     for fn, cls in iter_functions(info):
-        Interpreter(context, info, cls).run_function(fn)
+        if may_compute_kl(info, fn, cls, roles):
+            Interpreter(context, info, cls).run_function(fn)
     top_level = [s for s in module.body if not isinstance(s, (cst.FunctionDef, cst.ClassDef))]
     Interpreter(context, info).exec_block(top_level)
     return module, context.sinks

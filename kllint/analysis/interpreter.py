@@ -63,7 +63,14 @@ from kllint.analysis.values import (
     negate_condition,
 )
 
-__all__ = ["FileContext", "Interpreter", "Sink", "called_names", "iter_functions"]
+__all__ = [
+    "FileContext",
+    "Interpreter",
+    "Sink",
+    "called_names",
+    "iter_functions",
+    "may_compute_kl",
+]
 
 
 class Interpreter(Calls):
@@ -601,6 +608,8 @@ class Interpreter(Calls):
             elif index < len(positional):
                 bound[positional[index].name.value] = value
                 index += 1
+        if not self.may_matter(ref, bound):
+            return Unknown(code(call), (ref.node.name.value,), call=True)
         if unread_splat and not any(_log_probs_in(v) for v in bound.values()):
             # Past a splat kllint cannot read, a helper is followed only when it
             # is given log-probs (a KL term on its way to a loss): elsewhere the
@@ -637,6 +646,18 @@ class Interpreter(Calls):
             return Py(None)
         return self.credit_rewards(ref.node.name.value, call, result)
 
+    def may_matter(self, ref: FuncRef, bound: dict[str, Value]) -> bool:
+        """Whether following a call can change a verdict: it is given a
+        log-prob (or a callable, or an object that holds one), or the
+        function can compute a KL term itself. Most of a trainer (data,
+        logging, checkpoints, generation) can do neither; following it
+        was most of kllint's time."""
+        if any(_may_carry_kl(v) for v in (*bound.values(), *ref.preset_args)):
+            return True
+        if ref.receiver is not None and any(_may_carry_kl(v) for v in ref.receiver.attrs.values()):
+            return True
+        return may_compute_kl(ref.module, ref.node, ref.cls, self.context.role_patterns)
+
     def credit_rewards(self, name: str, call: cst.Call, result: Value) -> Value:
         """A helper named like an advantage estimator (``compute_gae``) whose
         loop kllint cannot follow loses the rewards it was given; model its
@@ -651,6 +672,70 @@ class Interpreter(Calls):
         if isinstance(result, Seq):
             return Seq([item if keep(item) else credited for item in result.items])
         return result if keep(result) else credited
+
+
+def may_compute_kl(
+    module: ModuleInfo,
+    fn: cst.FunctionDef,
+    cls: ClassInfo | None,
+    patterns: roles.RolePatterns,
+) -> bool:
+    """Whether ``fn`` mentions what a KL term is made of (see
+    ``roles.RELEVANCE_WORDS``), or calls a function of its module that does.
+    True when kllint cannot tell (names the source does not show, roles
+    configured by the user)."""
+    if patterns.policy or patterns.reference or patterns.old:
+        return True
+    return _may_compute_kl(module, fn, cls, set())
+
+
+def _may_compute_kl(
+    module: ModuleInfo, fn: cst.FunctionDef, cls: ClassInfo | None, visiting: set[int]
+) -> bool:
+    key = id(fn)
+    known = module.relevance.get(key)
+    if known is not None:
+        return known
+    names = module.names_in(fn, cls)
+    if names is None or any(roles.relevant_identifier(i) for i in names.identifiers):
+        module.relevance[key] = True
+        return True
+    visiting.add(key)
+    relevant = False
+    for name in names.called:
+        callee, callee_cls = module.functions.get(name), None
+        if cls is not None and name in cls.methods:
+            callee, callee_cls = cls.methods[name], cls
+        if callee is not None and id(callee) not in visiting:
+            if _may_compute_kl(module, callee, callee_cls, visiting):
+                relevant = True
+                break
+    visiting.discard(key)
+    if relevant or not visiting:
+        # A verdict reached inside a cycle is not final until the cycle's entry decides.
+        module.relevance[key] = relevant
+    return relevant
+
+
+def _may_carry_kl(value: Value) -> bool:
+    """A value a KL term could be built from or hidden in."""
+    if isinstance(value, ir.Node):
+        return not isinstance(value, ir.Opaque) and any(
+            a.role in (Role.POLICY_LOGP, Role.REFERENCE_LOGP, Role.OLD_LOGP) for a in value.atoms()
+        )
+    if isinstance(value, Choice):
+        return any(_may_carry_kl(v) for _, v in value.options)
+    if isinstance(value, Seq):
+        return any(_may_carry_kl(v) for v in value.items)
+    if isinstance(value, DictVal):
+        return any(_may_carry_kl(v) for v in value.items.values())
+    if isinstance(value, (Flipped, Grouped)):
+        return _may_carry_kl(value.node)
+    if isinstance(value, (FuncRef, Instance)):
+        return True
+    if isinstance(value, Unknown):
+        return bool(value.logprob_op or value.reference_model)
+    return False
 
 
 def _log_probs_in(value: Value) -> bool:

@@ -3,6 +3,8 @@ file with a shallow walk of the top level (no metadata providers)."""
 
 from __future__ import annotations
 
+import ast
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,6 +31,8 @@ class ModuleInfo:
         self.module = module
         self.source = source
         self._def_lines: dict[str, int] | None = None
+        self._names: dict[tuple[str | None, str], FunctionNames] | None = None
+        self.relevance: dict[int, bool] = {}  # memo of the interpreter's judgement
         self.functions: dict[str, cst.FunctionDef] = {}
         self.classes: dict[str, ClassInfo] = {}
         self.imports: dict[str, ImportedName] = {}
@@ -45,6 +49,16 @@ class ModuleInfo:
                     fn = stripped.split("def ", 1)[1].split("(", 1)[0].strip()
                     self._def_lines.setdefault(fn, number)
         return self._def_lines.get(name, 0)
+
+    def names_in(self, fn: cst.FunctionDef, cls: ClassInfo | None) -> FunctionNames | None:
+        """The identifiers ``fn`` mentions and the names it calls, read with
+        Python's own parser (a tenth of LibCST's cost): enough to tell a
+        function that can compute a KL term from one that cannot. Functions
+        of the same name in one class (or at top level) share one entry.
+        None when the source does not say (a function built elsewhere)."""
+        if self._names is None:
+            self._names = _function_names(self.source)
+        return self._names.get((cls.node.name.value if cls else None, fn.name.value))
 
     def line_of_class(self, name: str) -> int:
         for number, line in enumerate(self.source.splitlines(), 1):
@@ -97,6 +111,46 @@ class ModuleInfo:
             target = small.targets[0].target
             if isinstance(target, cst.Name):
                 self.constants[target.value] = small.value
+
+
+@dataclass
+class FunctionNames:
+    identifiers: set[str] = field(default_factory=set)  # names, attributes, string keys
+    called: set[str] = field(default_factory=set)  # ``f(...)``, ``x.f(...)``: f
+
+
+def _function_names(source: str) -> dict[tuple[str | None, str], FunctionNames]:
+    """Each function's words, from the text of its lines (comments and
+    strings included: more words only make kllint follow more)."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return {}
+    lines = source.splitlines()
+    found: dict[tuple[str | None, str], FunctionNames] = {}
+
+    def visit(body: list[ast.stmt], cls: str | None) -> None:
+        for statement in body:
+            if isinstance(statement, ast.ClassDef):
+                visit(statement.body, statement.name if cls is None else cls)
+            elif isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                text = "\n".join(lines[statement.lineno - 1 : statement.end_lineno])
+                names = found.setdefault((cls, statement.name), FunctionNames())
+                names.identifiers.update(_IDENTIFIER.findall(text))
+                names.called.update(_CALLED.findall(text))
+                visit(statement.body, cls)  # nested functions are looked up by their own name too
+            elif isinstance(statement, (ast.If, ast.Try, ast.With, ast.For, ast.While)):
+                visit(statement.body, cls)
+                visit(getattr(statement, "orelse", []), cls)
+                for handler in getattr(statement, "handlers", []):
+                    visit(handler.body, cls)
+
+    visit(tree.body, None)
+    return found
+
+
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_CALLED = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)\s*\(")
 
 
 def dotted_name(node: cst.CSTNode | None) -> str | None:

@@ -455,3 +455,49 @@ def name_logprob(name: str, value: Value, patterns: RolePatterns, *, no_grad: bo
         atom: ir.Node = ir.Atom(role, name, level_of(name))
         return ir.detach(atom) if detached or no_grad else atom
     return resolve(Unknown(name, (name,), call=True, detached=detached), patterns, no_grad=no_grad)
+
+
+# ----------------------------------------------------------------- relevance
+
+# Words of an identifier that a function able to produce or judge a KL term
+# mentions somewhere: log-probs and the ops that compute them, a reference
+# or behaviour policy, KL itself, a loss or a backward pass (a sink). A
+# function that mentions none of them, and is given no log-prob, cannot
+# return a KL term (its callees that do are named in it; see
+# ``ModuleInfo.may_compute_kl``), so it is not followed.
+RELEVANCE_WORDS = (
+    LOGPROB_WORDS
+    | REFERENCE_WORDS
+    | {
+        "kl",
+        "kld",
+        "kls",
+        "divergence",
+        "log",
+        "exp",
+        "softmax",
+        "logsumexp",
+        "logits",
+        "logit",
+        "entropy",
+        "old",
+        "behav",
+        "behaviour",
+        "behavior",
+        "loss",
+        "losses",
+        "backward",
+        "objective",
+    }
+)
+_RELEVANT_IDENTIFIERS: dict[str, bool] = {}
+
+
+def relevant_identifier(identifier: str) -> bool:
+    """``ref_logps``, ``log_softmax``, ``kl_coef``, ``loss``: see ``RELEVANCE_WORDS``."""
+    known = _RELEVANT_IDENTIFIERS.get(identifier)
+    if known is None:
+        known = _RELEVANT_IDENTIFIERS[identifier] = any(
+            w in RELEVANCE_WORDS for w in words(identifier)
+        )
+    return known
