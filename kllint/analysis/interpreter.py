@@ -69,7 +69,6 @@ __all__ = [
     "Sink",
     "called_names",
     "iter_functions",
-    "may_compute_kl",
 ]
 
 
@@ -432,6 +431,7 @@ class Interpreter(Calls):
             self.context.path,
             cst_node=node,
             statement=self.statement,
+            function=self.root,
             assumed="the returned advantages weight the policy's log-probs in a "
             "policy-gradient loss that reads them back",
         )
@@ -564,7 +564,11 @@ class Interpreter(Calls):
                 item = Unknown(code(element), ("unpacked",))
             self.assign(element, item, node)
 
-    def inline(self, ref: FuncRef, call: cst.Call) -> Value:
+    def inline(
+        self, ref: FuncRef, call: cst.Call, evaluated: Sequence[Value] | None = None
+    ) -> Value:
+        """Interpret ``ref`` with the call's arguments bound (``evaluated``:
+        the arguments' values, when the caller already has them)."""
         key = id(ref.node)
         if self.depth >= MAX_DEPTH or key in self.stack:
             return Unknown(code(call), (ref.node.name.value,), call=True)
@@ -583,8 +587,8 @@ class Interpreter(Calls):
                 index += 1
         bound.update(ref.preset_kwargs)
         unread_splat = False
-        for arg in call.args:
-            value = self.eval(arg.value)
+        for position, arg in enumerate(call.args):
+            value = evaluated[position] if evaluated is not None else self.eval(arg.value)
             if arg.star == "**":
                 # ``**self.config.global_batch_info``: the entries kllint can read
                 # are bound; the others keep their defaults (normalisers, flags).
@@ -621,6 +625,7 @@ class Interpreter(Calls):
                 self.context.path,
                 helper=helper_label(ref),
                 cst_node=call,
+                function=self.root,
                 helper_node=ref.node,
                 reported_by_helper=ref.module.path != self.module.path
                 and sinks.is_loss_function(
@@ -652,11 +657,13 @@ class Interpreter(Calls):
         function can compute a KL term itself. Most of a trainer (data,
         logging, checkpoints, generation) can do neither; following it
         was most of kllint's time."""
-        if any(_may_carry_kl(v) for v in (*bound.values(), *ref.preset_args)):
+        if any(roles.may_carry_kl(v) for v in (*bound.values(), *ref.preset_args)):
             return True
-        if ref.receiver is not None and any(_may_carry_kl(v) for v in ref.receiver.attrs.values()):
+        if ref.receiver is not None and any(
+            roles.may_carry_kl(v) for v in ref.receiver.attrs.values()
+        ):
             return True
-        return may_compute_kl(ref.module, ref.node, ref.cls, self.context.role_patterns)
+        return roles.may_compute_kl(ref.module, ref.node, ref.cls, self.context.role_patterns)
 
     def credit_rewards(self, name: str, call: cst.Call, result: Value) -> Value:
         """A helper named like an advantage estimator (``compute_gae``) whose
@@ -672,70 +679,6 @@ class Interpreter(Calls):
         if isinstance(result, Seq):
             return Seq([item if keep(item) else credited for item in result.items])
         return result if keep(result) else credited
-
-
-def may_compute_kl(
-    module: ModuleInfo,
-    fn: cst.FunctionDef,
-    cls: ClassInfo | None,
-    patterns: roles.RolePatterns,
-) -> bool:
-    """Whether ``fn`` mentions what a KL term is made of (see
-    ``roles.RELEVANCE_WORDS``), or calls a function of its module that does.
-    True when kllint cannot tell (names the source does not show, roles
-    configured by the user)."""
-    if patterns.policy or patterns.reference or patterns.old:
-        return True
-    return _may_compute_kl(module, fn, cls, set())
-
-
-def _may_compute_kl(
-    module: ModuleInfo, fn: cst.FunctionDef, cls: ClassInfo | None, visiting: set[int]
-) -> bool:
-    key = id(fn)
-    known = module.relevance.get(key)
-    if known is not None:
-        return known
-    names = module.names_in(fn, cls)
-    if names is None or any(roles.relevant_identifier(i) for i in names.identifiers):
-        module.relevance[key] = True
-        return True
-    visiting.add(key)
-    relevant = False
-    for name in names.called:
-        callee, callee_cls = module.functions.get(name), None
-        if cls is not None and name in cls.methods:
-            callee, callee_cls = cls.methods[name], cls
-        if callee is not None and id(callee) not in visiting:
-            if _may_compute_kl(module, callee, callee_cls, visiting):
-                relevant = True
-                break
-    visiting.discard(key)
-    if relevant or not visiting:
-        # A verdict reached inside a cycle is not final until the cycle's entry decides.
-        module.relevance[key] = relevant
-    return relevant
-
-
-def _may_carry_kl(value: Value) -> bool:
-    """A value a KL term could be built from or hidden in."""
-    if isinstance(value, ir.Node):
-        return not isinstance(value, ir.Opaque) and any(
-            a.role in (Role.POLICY_LOGP, Role.REFERENCE_LOGP, Role.OLD_LOGP) for a in value.atoms()
-        )
-    if isinstance(value, Choice):
-        return any(_may_carry_kl(v) for _, v in value.options)
-    if isinstance(value, Seq):
-        return any(_may_carry_kl(v) for v in value.items)
-    if isinstance(value, DictVal):
-        return any(_may_carry_kl(v) for v in value.items.values())
-    if isinstance(value, (Flipped, Grouped)):
-        return _may_carry_kl(value.node)
-    if isinstance(value, (FuncRef, Instance)):
-        return True
-    if isinstance(value, Unknown):
-        return bool(value.logprob_op or value.reference_model)
-    return False
 
 
 def _log_probs_in(value: Value) -> bool:

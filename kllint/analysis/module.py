@@ -3,7 +3,6 @@ file with a shallow walk of the top level (no metadata providers)."""
 
 from __future__ import annotations
 
-import ast
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,13 +25,14 @@ class ClassInfo:
 
 
 class ModuleInfo:
-    def __init__(self, path: Path, module: cst.Module, source: str = "") -> None:
+    def __init__(
+        self, path: Path, module: cst.Module, source: str = "", sketch: Sketch | None = None
+    ) -> None:
         self.path = path
         self.module = module
         self.source = source
         self._def_lines: dict[str, int] | None = None
-        self._names: dict[tuple[str | None, str], FunctionNames] | None = None
-        self.relevance: dict[int, bool] = {}  # memo of the interpreter's judgement
+        self._sketch = sketch
         self.functions: dict[str, cst.FunctionDef] = {}
         self.classes: dict[str, ClassInfo] = {}
         self.imports: dict[str, ImportedName] = {}
@@ -50,15 +50,11 @@ class ModuleInfo:
                     self._def_lines.setdefault(fn, number)
         return self._def_lines.get(name, 0)
 
-    def names_in(self, fn: cst.FunctionDef, cls: ClassInfo | None) -> FunctionNames | None:
-        """The identifiers ``fn`` mentions and the names it calls, read with
-        Python's own parser (a tenth of LibCST's cost): enough to tell a
-        function that can compute a KL term from one that cannot. Functions
-        of the same name in one class (or at top level) share one entry.
-        None when the source does not say (a function built elsewhere)."""
-        if self._names is None:
-            self._names = _function_names(self.source)
-        return self._names.get((cls.node.name.value if cls else None, fn.name.value))
+    @property
+    def sketch(self) -> Sketch:
+        if self._sketch is None:
+            self._sketch = Sketch(self.source)
+        return self._sketch
 
     def line_of_class(self, name: str) -> int:
         for number, line in enumerate(self.source.splitlines(), 1):
@@ -119,36 +115,100 @@ class FunctionNames:
     called: set[str] = field(default_factory=set)  # ``f(...)``, ``x.f(...)``: f
 
 
-def _function_names(source: str) -> dict[tuple[str | None, str], FunctionNames]:
-    """Each function's words, from the text of its lines (comments and
-    strings included: more words only make kllint follow more)."""
-    try:
-        tree = ast.parse(source)
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return {}
-    lines = source.splitlines()
-    found: dict[tuple[str | None, str], FunctionNames] = {}
+FunctionKey = tuple[str | None, str]  # (class, function); nested functions by their own name
 
-    def visit(body: list[ast.stmt], cls: str | None) -> None:
-        for statement in body:
-            if isinstance(statement, ast.ClassDef):
-                visit(statement.body, statement.name if cls is None else cls)
-            elif isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                text = "\n".join(lines[statement.lineno - 1 : statement.end_lineno])
-                names = found.setdefault((cls, statement.name), FunctionNames())
-                names.identifiers.update(_IDENTIFIER.findall(text))
-                names.called.update(_CALLED.findall(text))
-                visit(statement.body, cls)  # nested functions are looked up by their own name too
-            elif isinstance(statement, (ast.If, ast.Try, ast.With, ast.For, ast.While)):
-                visit(statement.body, cls)
-                visit(getattr(statement, "orelse", []), cls)
-                for handler in getattr(statement, "handlers", []):
-                    visit(handler.body, cls)
 
-    visit(tree.body, None)
+class Sketch:
+    """What each function of a file mentions and calls, read with Python's
+    own parser (a tenth of LibCST's cost): enough to tell a function that
+    can compute a KL term from one that cannot, before LibCST parses the
+    file. Functions of the same name in one class (or at top level) share
+    one entry."""
+
+    def __init__(self, source: str) -> None:
+        self.classes: dict[str, list[str]] = {}  # class -> its bases, as written
+        self.functions = _function_names(source, self.classes)
+        self.relevance: dict[FunctionKey, bool] = {}  # the interpreter's judgement, kept
+
+    def plain_class(self, name: str, seen: frozenset[str] = frozenset()) -> bool:
+        """A class of this file whose objects are never called (no
+        ``forward``, no ``__call__``, in it or in any base): building one
+        cannot lead kllint into a KL term. False when a base is another
+        file's (kllint would have to read it to tell)."""
+        if name not in self.classes or name in seen:
+            return False
+        if (name, "forward") in self.functions or (name, "__call__") in self.functions:
+            return False
+        for base in self.classes[name]:
+            last = base.split("[")[0].split(".")[-1].strip()
+            if last in _PLAIN_BASES:
+                continue
+            if not self.plain_class(last, seen | {name}):
+                return False
+        return True
+
+    def names(self, cls: str | None, name: str) -> FunctionNames | None:
+        return self.functions.get((cls, name))
+
+
+def _function_names(source: str, classes: dict[str, list[str]]) -> dict[FunctionKey, FunctionNames]:
+    """Each function's words, from its text: the lines from its ``def`` to
+    the next ``def`` or ``class`` at its indentation or less. Comments,
+    strings and module code after the function count as its own: more
+    words only make kllint follow more. Nested functions count for the
+    functions around them too. No parser: this runs on files LibCST may
+    never need to parse."""
+    found: dict[FunctionKey, FunctionNames] = {}
+    open_defs: list[tuple[int, str, FunctionNames | None]] = []  # indent, class name, entry
+    headers = list(_HEADER.finditer(source))
+    for index, header in enumerate(headers):
+        indent = len(header.group(1).expandtabs())
+        while open_defs and open_defs[-1][0] >= indent:
+            open_defs.pop()
+        around = [name for _, name, entry in open_defs if entry is None]
+        if header.group(2) == "class":
+            open_defs.append((indent, header.group(3), None))
+            bases = header.group(4) or ""
+            classes.setdefault(header.group(3), []).extend(
+                b.strip() for b in bases.split(",") if b.strip() and "=" not in b
+            )
+        else:
+            key = (around[0] if around else None, header.group(3))
+            open_defs.append((indent, "", found.setdefault(key, FunctionNames())))
+        end = headers[index + 1].start() if index + 1 < len(headers) else len(source)
+        text = source[header.start() : end]
+        identifiers, called = set(_IDENTIFIER.findall(text)), set(_CALLED.findall(text))
+        for _, _, entry in open_defs:
+            if entry is not None:
+                entry.identifiers |= identifiers
+                entry.called |= called
     return found
 
 
+_HEADER = re.compile(
+    r"^([ \t]*)(?:async[ \t]+)?(def|class)[ \t]+([A-Za-z_][A-Za-z0-9_]*)(?:\(([^)]*)\))?", re.M
+)
+# Bases that give a class no ``forward`` or ``__call__`` of the project's.
+_PLAIN_BASES = frozenset(
+    {
+        "object",
+        "ABC",
+        "Enum",
+        "IntEnum",
+        "StrEnum",
+        "str",
+        "int",
+        "dict",
+        "Exception",
+        "RuntimeError",
+        "ValueError",
+        "NamedTuple",
+        "TypedDict",
+        "Protocol",
+        "Generic",
+        "BaseModel",
+    }
+)
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _CALLED = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)\s*\(")
 
