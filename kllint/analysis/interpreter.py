@@ -87,7 +87,7 @@ class Interpreter(Calls):
             self.root = fn
         self.loss_function = sinks.is_loss_function(
             fn.name.value,
-            self.cls.node.name.value if self.cls else None,
+            self.cls.name if self.cls else None,
             self.context.called,
             selects=_has_selector_parameter(fn),
         )
@@ -630,7 +630,7 @@ class Interpreter(Calls):
                 reported_by_helper=ref.module.path != self.module.path
                 and sinks.is_loss_function(
                     ref.node.name.value,
-                    ref.cls.node.name.value if ref.cls else None,
+                    ref.cls.name if ref.cls else None,
                     _called_in(ref.module),
                 ),
             )

@@ -114,11 +114,21 @@ class Project:
         if path not in self._modules:
             try:
                 source = self._texts.pop(path, None) or path.read_text(encoding="utf-8")
-                module = cst.parse_module(source)
-            except (OSError, UnicodeDecodeError, cst.ParserSyntaxError):
+            except (OSError, UnicodeDecodeError):
                 self._modules[path] = None
-            else:
-                self._modules[path] = ModuleInfo(path, module, source, self._sketches.get(path))
+                return None
+            sketch = self._sketches.get(path)
+            try:
+                self._modules[path] = ModuleInfo.of_helper(path, source, sketch)
+            except (SyntaxError, ValueError, RecursionError, MemoryError):
+                # Code Python's parser here rejects (a newer Python's syntax):
+                # LibCST parses it whole.
+                try:
+                    module = cst.parse_module(source)
+                except cst.ParserSyntaxError:
+                    self._modules[path] = None
+                else:
+                    self._modules[path] = ModuleInfo(path, module, source, sketch)
         return self._modules[path]
 
     def is_parsed(self, path: Path) -> bool:
@@ -227,9 +237,9 @@ class Project:
         queue: list[tuple[ClassInfo, ModuleInfo]] = [(cls, module)]
         while queue:
             current, where = queue.pop(0)
-            if id(current.node) in seen:
+            if id(current) in seen:
                 continue
-            seen.add(id(current.node))
+            seen.add(id(current))
             if name in current.methods:
                 return FuncRef(current.methods[name], where, current, bound=True)
             for base in current.bases:

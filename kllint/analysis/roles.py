@@ -530,7 +530,7 @@ def may_compute_kl(
     configured by the user)."""
     if patterns.policy or patterns.reference or patterns.old:
         return True
-    return sketch_may_compute_kl(module.sketch, cls.node.name.value if cls else None, fn.name.value)
+    return sketch_may_compute_kl(module.sketch, cls.name if cls else None, fn.name.value)
 
 
 def sketch_may_compute_kl(sketch: Sketch, cls: str | None, name: str) -> bool:

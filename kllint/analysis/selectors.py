@@ -203,8 +203,8 @@ def typed_default(
         literal = int(value.value, 0)
     if literal is None:
         return None
-    line = where.line_of_class(config_class.node.name.value)
-    return Py(literal, source=f"`{config_class.node.name.value}` ({where.path.name}:{line})")
+    line = where.line_of_class(config_class.name)
+    return Py(literal, source=f"`{config_class.name}` ({where.path.name}:{line})")
 
 
 def _field_default(cls: ClassInfo, attr: str) -> cst.BaseExpression | None:
