@@ -28,7 +28,13 @@ from kllint.analysis.interpreter import (
 )
 from kllint.analysis.ir import clear_caches
 from kllint.analysis.project import Project
-from kllint.analysis.roles import RolePatterns, may_compute_kl, names_reference_logprob
+from kllint.analysis.roles import (
+    RolePatterns,
+    may_compute_kl,
+    names_reference_logprob,
+    relevant_identifier,
+    sketch_may_compute_kl,
+)
 from kllint.analysis.selectors import clear_labels
 from kllint.analysis.sites import KLSite, build_site, focus_of, kl_terms
 from kllint.analysis.values import Choice, common_condition, show_condition
@@ -56,14 +62,19 @@ def may_hold_kl_site(source: str) -> bool:
     return any(names_reference_logprob(i) for i in set(_IDENTIFIER.findall(source)))
 
 
-def check_source(source: str, path: str, project: Project, roles: RolePatterns) -> list[Finding]:
+def check_source(
+    source: str, path: str, project: Project, roles: RolePatterns, *, whole: bool = False
+) -> list[Finding]:
     """All findings of every rule in one file. Raises ``libcst.ParserSyntaxError``
-    when the file does not parse. ``path`` is the path as displayed."""
+    when the file does not parse. ``path`` is the path as displayed.
+    ``whole``: parse the whole file with LibCST, so that every node of a
+    finding belongs to one tree (the fixer rewrites that tree); otherwise
+    only the functions that can compute a KL term are parsed."""
     configured = roles.policy or roles.reference or roles.old
     if not configured and not may_hold_kl_site(source):
         _syntax_check(source, path)
         return []
-    module, sinks = interpret(source, path, project, roles)
+    module, sinks = interpret(source, path, project, roles, whole=whole)
     verdicts = _verdicts(sinks, path)
     clear_caches()
     clear_labels()
@@ -74,12 +85,16 @@ def check_source(source: str, path: str, project: Project, roles: RolePatterns) 
 
 
 def interpret(
-    source: str, path: str, project: Project, roles: RolePatterns
-) -> tuple[cst.Module, list[Sink]]:
-    """Parse one file and interpret every function and the module's own
-    statements: the values that reach a loss."""
-    module = cst.parse_module(source)
-    info = project.add_module(Path(path), module, source)
+    source: str, path: str, project: Project, roles: RolePatterns, *, whole: bool = True
+) -> tuple[cst.Module | None, list[Sink]]:
+    """Parse one file and interpret every function that can compute a KL
+    term and the module's own statements: the values that reach a loss.
+    The module is None when the file was parsed function by function."""
+    info = None if whole else project.add_source(Path(path), source)
+    if info is None or _top_level_matters(info.top_level_text):
+        # A script's own statements (a training loop at module level) are
+        # interpreted in one tree with its functions.
+        info = project.add_module(Path(path), cst.parse_module(source), source)
     context = FileContext(
         path=path,
         fs_path=Path(path),
@@ -88,12 +103,20 @@ def interpret(
         role_patterns=roles,
         called=called_names(source),
     )
-    for fn, cls in iter_functions(info):
+    configured = roles.policy or roles.reference or roles.old
+    keep = None if configured else (lambda key: sketch_may_compute_kl(info.sketch, *key))
+    for fn, cls in iter_functions(info, keep):
         if may_compute_kl(info, fn, cls, roles):
             Interpreter(context, info, cls).run_function(fn)
-    top_level = [s for s in module.body if not isinstance(s, (cst.FunctionDef, cst.ClassDef))]
-    Interpreter(context, info).exec_block(top_level)
-    return module, context.sinks
+    parsed = info.parsed_module
+    if parsed is not None:
+        top_level = [s for s in parsed.body if not isinstance(s, (cst.FunctionDef, cst.ClassDef))]
+        Interpreter(context, info).exec_block(top_level)
+    return parsed, context.sinks
+
+
+def _top_level_matters(text: str) -> bool:
+    return any(relevant_identifier(i) for i in set(_IDENTIFIER.findall(text)))
 
 
 def kl_sites(sinks: list[Sink], path: str) -> Iterator[KLSite]:
@@ -255,7 +278,7 @@ def _correct_together(terms: list[ir.Node]) -> bool:
 # --------------------------------------------------------------------- findings
 
 
-def _place(origins: list[ir.Origin], module: cst.Module, source: str) -> None:
+def _place(origins: list[ir.Origin], module: cst.Module | None, source: str) -> None:
     """Positions only for the nodes reported, computed over the code of the
     function each is in (position metadata over a whole module costs about
     twice its parse, and trainers are long)."""
@@ -272,9 +295,11 @@ def _place(origins: list[ir.Origin], module: cst.Module, source: str) -> None:
             if id(function) not in by_function:
                 by_function[id(function)] = _Positions.of_function(function, module, lines)
             positions = by_function[id(function)]
-        if positions is None or positions.get(node) is None:
+        if (positions is None or positions.get(node) is None) and module is not None:
             whole = whole or _Positions.of_module(module)
             positions = whole
+        if positions is None:
+            continue
         code_range = positions.get(node)
         if code_range is None:
             continue
@@ -285,9 +310,10 @@ def _place(origins: list[ir.Origin], module: cst.Module, source: str) -> None:
             if statement_range is not None and statement_range[0][0] < origin.line:
                 origin.line, origin.column = statement_range[0]
         if not origin.code and isinstance(node, cst.CSTNode):
-            origin.code = " ".join(module.code_for_node(node).split())
+            origin.code = " ".join(_EMPTY_MODULE.code_for_node(node).split())
 
 
+_EMPTY_MODULE = cst.Module(body=[])
 # Line breaks as Python's tokenizer (and LibCST) count them; ``str.splitlines``
 # also breaks at \u2028 and form feeds, which are not line ends in code.
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")
@@ -315,13 +341,13 @@ class _Positions:
 
     @classmethod
     def of_function(
-        cls, function: cst.FunctionDef, module: cst.Module, lines: list[str]
+        cls, function: cst.FunctionDef, module: cst.Module | None, lines: list[str]
     ) -> _Positions | None:
         """A method is generated one indentation level out; each line is
         matched back to the file's by its text, and columns shifted by the
         difference in indentation of that line (continuation lines keep
         their own whitespace)."""
-        piece = module.with_changes(body=[function], header=[], footer=[])
+        piece = (module or _EMPTY_MODULE).with_changes(body=[function], header=[], footer=[])
         ranges = MetadataWrapper(piece, unsafe_skip_copy=True).resolve(PositionProvider)
         start = ranges.get(function)
         if start is None:

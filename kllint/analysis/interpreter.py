@@ -785,8 +785,12 @@ def _called_in(module: ModuleInfo) -> frozenset[str]:
     return cached[1]
 
 
-def iter_functions(module: ModuleInfo) -> Iterator[tuple[cst.FunctionDef, ClassInfo | None]]:
-    """Every function and method of a module, nested ones included."""
+def iter_functions(
+    module: ModuleInfo, keep: Callable[[tuple[str | None, str]], bool] | None = None
+) -> Iterator[tuple[cst.FunctionDef, ClassInfo | None]]:
+    """Every function and method of a module, nested ones included; with
+    ``keep``, only those it keeps by (class, name), so that a function not
+    kept is never parsed."""
 
     def nested(
         fn: cst.FunctionDef, cls: ClassInfo | None
@@ -795,11 +799,13 @@ def iter_functions(module: ModuleInfo) -> Iterator[tuple[cst.FunctionDef, ClassI
         for child in _walk_defs(fn.body):
             yield from nested(child, cls)
 
-    for fn in module.functions.values():
-        yield from nested(fn, None)
+    for name in list(module.functions):
+        if keep is None or keep((None, name)):
+            yield from nested(module.functions[name], None)
     for cls in module.classes.values():
-        for method in cls.methods.values():
-            yield from nested(method, cls)
+        for name in list(cls.methods):
+            if keep is None or keep((cls.name, name)):
+                yield from nested(cls.methods[name], cls)
 
 
 def _walk_defs(body: cst.BaseSuite) -> Iterator[cst.FunctionDef]:

@@ -85,6 +85,9 @@ class ModuleInfo:
         self.source = source
         self._def_lines: dict[str, int] | None = None
         self._sketch = sketch
+        # The file's own statements that define nothing (a script's loop),
+        # for a file read definition by definition.
+        self.top_level_text = ""
         self.functions: dict[str, cst.FunctionDef] = {}
         self.classes: dict[str, ClassInfo] = {}
         self.imports: dict[str, ImportedName] = {}
@@ -96,6 +99,11 @@ class ModuleInfo:
     def module(self) -> cst.Module:
         if self._module is None:
             self._module = cst.parse_module(self.source)
+        return self._module
+
+    @property
+    def parsed_module(self) -> cst.Module | None:
+        """The whole file's tree, when it was parsed whole."""
         return self._module
 
     @classmethod
@@ -242,20 +250,31 @@ class _Pieces:
             ):
                 constant: Any = _Pending(self.constant(statement))
                 info.constants[statement.targets[0].id] = constant
+                info.top_level_text += self.text(statement)
+            else:
+                info.top_level_text += self.text(statement)
 
     def text(self, statement: ast.stmt) -> str:
+        return "\n".join(self.lines[slice(*self.span(statement))]) + "\n"
+
+    def span(self, statement: ast.stmt) -> tuple[int, int]:
         decorators = getattr(statement, "decorator_list", [])
         start = min([statement.lineno, *(d.lineno for d in decorators)])
-        return "\n".join(self.lines[start - 1 : statement.end_lineno]) + "\n"
+        return start - 1, statement.end_lineno or statement.lineno
+
+    # The parsers below keep line numbers, not ``ast`` nodes: a node would
+    # keep its file's whole tree alive.
 
     def definition(self, statement: ast.stmt) -> Callable[[], Any]:
-        return lambda: _parse_statement(self.text(statement))
+        lines, span = self.lines, self.span(statement)
+        return lambda: _parse_statement("\n".join(lines[slice(*span)]) + "\n")
 
     def constant(self, statement: ast.Assign) -> Callable[[], Any]:
         name = statement.targets[0].id  # type: ignore[attr-defined]
+        lines, span = self.lines, self.span(statement)
 
         def parse() -> cst.BaseExpression:
-            line = _parse_statement(self.text(statement))
+            line = _parse_statement("\n".join(lines[slice(*span)]) + "\n")
             for small in getattr(line, "body", []):  # ``a = 1; b = 2`` is one line
                 if (
                     isinstance(small, cst.Assign)

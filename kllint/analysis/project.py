@@ -108,6 +108,16 @@ class Project:
         self._modules[path.resolve()] = info
         return info
 
+    def add_source(self, path: Path, source: str) -> ModuleInfo | None:
+        """A file to lint, read definition by definition (see
+        ``ModuleInfo.of_helper``); None when Python's parser rejects it."""
+        try:
+            info = ModuleInfo.of_helper(path.resolve(), source)
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
+            return None
+        self._modules[path.resolve()] = info
+        return info
+
     def module_at(self, path: Path) -> ModuleInfo | None:
         path = path.resolve()
         self.read_paths.add(str(path))
