@@ -35,7 +35,6 @@ from kllint.analysis.roles import (
     relevant_identifier,
     sketch_may_compute_kl,
 )
-from kllint.analysis.selectors import clear_labels
 from kllint.analysis.sites import KLSite, build_site, focus_of, kl_terms
 from kllint.analysis.values import Choice, common_condition, show_condition
 from kllint.findings import Finding
@@ -77,7 +76,6 @@ def check_source(
     module, sinks = interpret(source, path, project, roles, whole=whole)
     verdicts = _verdicts(sinks, path)
     clear_caches()
-    clear_labels()
     if not verdicts:
         return []
     _place([v.site.origin for v in verdicts], module, source)

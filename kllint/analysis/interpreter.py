@@ -709,22 +709,34 @@ def _time_loop_direction(statement: cst.For | cst.While) -> str | None:
 
 
 def _assigned_names(body: cst.BaseSuite) -> list[str]:
-    """Names a loop body assigns (``x = ...``, ``x += ...``), in order."""
+    """Names a loop body assigns (``x = ...``, ``x += ...``), in order; not
+    those of functions defined in it. Statements only: an assignment is
+    never inside an expression (LibCST's visitor would walk those too)."""
     names: list[str] = []
 
-    class _Assigned(cst.CSTVisitor):
-        def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
-            if isinstance(node.target, cst.Name) and node.target.value not in names:
-                names.append(node.target.value)
+    def walk(node: cst.CSTNode) -> None:
+        if isinstance(node, cst.SimpleStatementLine):
+            for small in node.body:
+                targets = []
+                if isinstance(small, cst.Assign):
+                    targets = [t.target for t in small.targets]
+                elif isinstance(small, cst.AugAssign):
+                    targets = [small.target]
+                for target in targets:
+                    if isinstance(target, cst.Name) and target.value not in names:
+                        names.append(target.value)
+        elif isinstance(node, cst.SimpleStatementSuite):
+            walk(cst.SimpleStatementLine(body=node.body))
+        elif not isinstance(node, cst.FunctionDef):
+            for part in ("body", "orelse", "handlers", "finalbody"):
+                child = getattr(node, part, None)
+                if isinstance(child, (list, tuple)):
+                    for item in child:
+                        walk(item)
+                elif isinstance(child, cst.CSTNode):
+                    walk(child)
 
-        def visit_AugAssign(self, node: cst.AugAssign) -> None:
-            if isinstance(node.target, cst.Name) and node.target.value not in names:
-                names.append(node.target.value)
-
-        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
-            return False
-
-    body.visit(_Assigned())
+    walk(body)
     return names
 
 

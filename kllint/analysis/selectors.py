@@ -85,12 +85,10 @@ def condition_label(test: cst.BaseExpression, *, in_helper: bool) -> str:
     return known[1]
 
 
-# A helper's conditions are labelled again at every call that inlines it.
+# A helper's conditions are labelled again at every call that inlines it,
+# in every file that calls it. Entries keep their (small) condition nodes, so
+# an id is never reused while it is a key.
 _LABELS: dict[tuple[int, bool], tuple[cst.BaseExpression, str]] = {}
-
-
-def clear_labels() -> None:
-    _LABELS.clear()
 
 
 def default_note(subject: cst.BaseExpression, default: Py) -> str:
