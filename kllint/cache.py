@@ -35,7 +35,9 @@ from kllint.findings import FileError, Finding
 CACHE_DIR_NAME = ".kllint_cache"
 _FORMAT = 1
 # Not the KL sites (IR trees): they do not cross processes or runs.
-_FINDING_FIELDS = [f.name for f in dataclasses.fields(Finding) if f.name not in ("site", "alternatives")]
+_FINDING_FIELDS = [
+    f.name for f in dataclasses.fields(Finding) if f.name not in ("site", "alternatives")
+]
 
 
 def content_hash(data: bytes) -> str:

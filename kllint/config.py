@@ -172,7 +172,9 @@ def _settings_from(config: Path | None, overrides: Overrides) -> Settings:
     config_select = strings("select") if "select" in table else None
     for key in ("select", "extend-select", "ignore"):
         resolve_codes(strings(key), f"{where} {key}")  # fail on a typo before choosing anything
-    enabled = _apply_layer(frozenset(RULES), config_select, strings("ignore"), strings("extend-select"))
+    enabled = _apply_layer(
+        frozenset(RULES), config_select, strings("ignore"), strings("extend-select")
+    )
     enabled = _apply_layer(enabled, overrides.select, overrides.ignore, overrides.extend_select)
 
     per_file = table.get("per-file-ignores", {})

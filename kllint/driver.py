@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import ast
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import libcst as cst
-from libcst.metadata import MetadataWrapper, PositionProvider
+from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 
 from kllint.analysis import ir
 from kllint.analysis.gradient import Unsupported, profile
@@ -28,7 +28,13 @@ from kllint.analysis.interpreter import (
 )
 from kllint.analysis.ir import clear_caches
 from kllint.analysis.project import Project
-from kllint.analysis.roles import RolePatterns, names_reference_logprob
+from kllint.analysis.roles import (
+    RolePatterns,
+    may_compute_kl,
+    names_reference_logprob,
+    relevant_identifier,
+    sketch_may_compute_kl,
+)
 from kllint.analysis.sites import KLSite, build_site, focus_of, kl_terms
 from kllint.analysis.values import Choice, common_condition, show_condition
 from kllint.findings import Finding
@@ -55,29 +61,38 @@ def may_hold_kl_site(source: str) -> bool:
     return any(names_reference_logprob(i) for i in set(_IDENTIFIER.findall(source)))
 
 
-def check_source(source: str, path: str, project: Project, roles: RolePatterns) -> list[Finding]:
+def check_source(
+    source: str, path: str, project: Project, roles: RolePatterns, *, whole: bool = False
+) -> list[Finding]:
     """All findings of every rule in one file. Raises ``libcst.ParserSyntaxError``
-    when the file does not parse. ``path`` is the path as displayed."""
+    when the file does not parse. ``path`` is the path as displayed.
+    ``whole``: parse the whole file with LibCST, so that every node of a
+    finding belongs to one tree (the fixer rewrites that tree); otherwise
+    only the functions that can compute a KL term are parsed."""
     configured = roles.policy or roles.reference or roles.old
     if not configured and not may_hold_kl_site(source):
         _syntax_check(source, path)
         return []
-    module, sinks = interpret(source, path, project, roles)
+    module, sinks = interpret(source, path, project, roles, whole=whole)
     verdicts = _verdicts(sinks, path)
     clear_caches()
     if not verdicts:
         return []
-    _place([v.site.origin for v in verdicts], module)
+    _place([v.site.origin for v in verdicts], module, source)
     return sorted((_finding(v) for v in verdicts), key=Finding.sort_key)
 
 
 def interpret(
-    source: str, path: str, project: Project, roles: RolePatterns
-) -> tuple[cst.Module, list[Sink]]:
-    """Parse one file and interpret every function and the module's own
-    statements: the values that reach a loss."""
-    module = cst.parse_module(source)
-    info = project.add_module(Path(path), module, source)
+    source: str, path: str, project: Project, roles: RolePatterns, *, whole: bool = True
+) -> tuple[cst.Module | None, list[Sink]]:
+    """Parse one file and interpret every function that can compute a KL
+    term and the module's own statements: the values that reach a loss.
+    The module is None when the file was parsed function by function."""
+    info = None if whole else project.add_source(Path(path), source)
+    if info is None or _top_level_matters(info.top_level_text):
+        # A script's own statements (a training loop at module level) are
+        # interpreted in one tree with its functions.
+        info = project.add_module(Path(path), cst.parse_module(source), source)
     context = FileContext(
         path=path,
         fs_path=Path(path),
@@ -86,11 +101,20 @@ def interpret(
         role_patterns=roles,
         called=called_names(source),
     )
-    for fn, cls in iter_functions(info):
-        Interpreter(context, info, cls).run_function(fn)
-    top_level = [s for s in module.body if not isinstance(s, (cst.FunctionDef, cst.ClassDef))]
-    Interpreter(context, info).exec_block(top_level)
-    return module, context.sinks
+    configured = roles.policy or roles.reference or roles.old
+    keep = None if configured else (lambda key: sketch_may_compute_kl(info.sketch, *key))
+    for fn, cls in iter_functions(info, keep):
+        if may_compute_kl(info, fn, cls, roles):
+            Interpreter(context, info, cls).run_function(fn)
+    parsed = info.parsed_module
+    if parsed is not None:
+        top_level = [s for s in parsed.body if not isinstance(s, (cst.FunctionDef, cst.ClassDef))]
+        Interpreter(context, info).exec_block(top_level)
+    return parsed, context.sinks
+
+
+def _top_level_matters(text: str) -> bool:
+    return any(relevant_identifier(i) for i in set(_IDENTIFIER.findall(text)))
 
 
 def kl_sites(sinks: list[Sink], path: str) -> Iterator[KLSite]:
@@ -152,7 +176,7 @@ def _alternatives(value: object) -> Iterator[tuple[str, ir.Node]]:
 def _sites(
     sink: Sink, branch: str, loss: ir.Node, terms: list[ir.Node], path: str
 ) -> Iterator[KLSite]:
-    fallback = ir.Origin(path, cst_node=sink.node)
+    fallback = ir.Origin(path, cst_node=sink.node, function=sink.function_node)
     loss_detached = ir.detached_as_a_whole(loss)
     for term in terms:
         site = build_site(term, sink.description, sink.strong, show_condition(branch), fallback)
@@ -252,26 +276,108 @@ def _correct_together(terms: list[ir.Node]) -> bool:
 # --------------------------------------------------------------------- findings
 
 
-def _place(origins: list[ir.Origin], module: cst.Module) -> None:
-    """Positions only for the nodes reported (position metadata costs ~2x a parse)."""
-    positions = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
+def _place(origins: list[ir.Origin], module: cst.Module | None, source: str) -> None:
+    """Positions only for the nodes reported, computed over the code of the
+    function each is in (position metadata over a whole module costs about
+    twice its parse, and trainers are long)."""
+    lines = _LINE_BREAK.split(source)
+    whole: _Positions | None = None
+    by_function: dict[int, _Positions | None] = {}
     for origin in origins:
         node = origin.cst_node
-        code_range = positions.get(node) if node is not None else None  # type: ignore[call-overload]
+        if node is None:
+            continue
+        function = origin.function
+        positions = None
+        if isinstance(function, cst.FunctionDef):
+            if id(function) not in by_function:
+                by_function[id(function)] = _Positions.of_function(function, module, lines)
+            positions = by_function[id(function)]
+        if (positions is None or positions.get(node) is None) and module is not None:
+            whole = whole or _Positions.of_module(module)
+            positions = whole
+        if positions is None:
+            continue
+        code_range = positions.get(node)
         if code_range is None:
             continue
-        origin.line, origin.column = code_range.start.line, code_range.start.column + 1
+        (origin.line, origin.column), (origin.end_line, origin.end_column) = code_range
         if isinstance(node, cst.BaseExpression) and node.lpar and origin.statement is not None:
             # A parenthesised expression starts at its "(" (positions exclude it).
-            statement_range = positions.get(origin.statement)  # type: ignore[call-overload]
-            if statement_range is not None and statement_range.start.line < origin.line:
-                origin.line, origin.column = (
-                    statement_range.start.line,
-                    statement_range.start.column + 1,
-                )
-        origin.end_line, origin.end_column = code_range.end.line, code_range.end.column + 1
+            statement_range = positions.get(origin.statement)
+            if statement_range is not None and statement_range[0][0] < origin.line:
+                origin.line, origin.column = statement_range[0]
         if not origin.code and isinstance(node, cst.CSTNode):
-            origin.code = " ".join(module.code_for_node(node).split())
+            origin.code = " ".join(_EMPTY_MODULE.code_for_node(node).split())
+
+
+_EMPTY_MODULE = cst.Module(body=[])
+# Line breaks as Python's tokenizer (and LibCST) count them; ``str.splitlines``
+# also breaks at \u2028 and form feeds, which are not line ends in code.
+_LINE_BREAK = re.compile(r"\r\n|\r|\n")
+Place = tuple[tuple[int, int], tuple[int, int]]  # (line, column) of start and end, 1-based
+
+
+class _Positions:
+    """Where nodes are in the file, from LibCST's positions over a piece of
+    code and where that piece lies in the file."""
+
+    def __init__(
+        self,
+        ranges: Mapping[cst.CSTNode, CodeRange],
+        lines: list[str] | None = None,
+        generated: list[str] | None = None,
+    ) -> None:
+        self.ranges = ranges
+        self.shift = 0  # file line = line in the piece + shift
+        self.lines = lines or []
+        self.generated = generated or []
+
+    @classmethod
+    def of_module(cls, module: cst.Module) -> _Positions:
+        return cls(MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider))
+
+    @classmethod
+    def of_function(
+        cls, function: cst.FunctionDef, module: cst.Module | None, lines: list[str]
+    ) -> _Positions | None:
+        """A method is generated one indentation level out; each line is
+        matched back to the file's by its text, and columns shifted by the
+        difference in indentation of that line (continuation lines keep
+        their own whitespace)."""
+        piece = (module or _EMPTY_MODULE).with_changes(body=[function], header=[], footer=[])
+        ranges = MetadataWrapper(piece, unsafe_skip_copy=True).resolve(PositionProvider)
+        start = ranges.get(function)
+        if start is None:
+            return None
+        generated = _LINE_BREAK.split(piece.code)
+        first = start.start.line - 1
+        body = [line.strip() for line in generated[first:]]
+        for index, line in enumerate(lines):
+            if (
+                line.strip() == body[0]
+                and [text.strip() for text in lines[index : index + len(body)]] == body
+            ):
+                positions = cls(ranges, lines, generated)
+                positions.shift = index - first
+                return positions
+        return None
+
+    def get(self, node: object) -> Place | None:
+        code_range = self.ranges.get(node) if isinstance(node, cst.CSTNode) else None
+        if code_range is None:
+            return None
+        return (
+            self._at(code_range.start.line, code_range.start.column),
+            self._at(code_range.end.line, code_range.end.column),
+        )
+
+    def _at(self, line: int, column: int) -> tuple[int, int]:
+        if not self.generated:
+            return line, column + 1
+        shown, written = self.generated[line - 1], self.lines[line - 1 + self.shift]
+        indent = (len(written) - len(written.lstrip())) - (len(shown) - len(shown.lstrip()))
+        return line + self.shift, column + indent + 1
 
 
 def _elsewhere_note(other: dict[str, str], branch: str) -> str:

@@ -174,7 +174,9 @@ def with_noqa(
         if comment is not None and comment.kind == "noqa":
             match = _NOQA.search(body, comment.column - 1)
             assert match is not None and match.group("codes")
-            merged = ", ".join([match.group("codes"), *sorted(set(codes) - set(comment.names or ()))])
+            merged = ", ".join(
+                [match.group("codes"), *sorted(set(codes) - set(comment.names or ()))]
+            )
             body = body[: match.start("codes")] + merged + body[match.end("codes") :]
         else:
             body = f"{body.rstrip()}  # noqa: {', '.join(sorted(set(codes)))}"

@@ -305,7 +305,10 @@ def test_statistics() -> None:
     write("losses.py", "a = low_var_kl(x)\nb = low_var_kl(y)\nc = k1_loss(x)\n")
     result = kllint("--statistics", "losses.py")
     assert result.exit_code == 1
-    assert result.output == "2  KL002  differentiated-k3-estimate\n1  KL001  differentiated-k1-estimate\n"
+    assert (
+        result.output
+        == "2  KL002  differentiated-k3-estimate\n1  KL001  differentiated-k1-estimate\n"
+    )
 
 
 def test_add_noqa_silences_every_finding_and_then_the_run_is_clean() -> None:
@@ -396,7 +399,10 @@ def test_show_settings_and_show_files() -> None:
     ("args", "message"),
     [
         (["estimators"], "kllint: estimators needs torch: pip install 'kllint[confirm]'\n"),
-        (["--confirm", "grpo.py"], "kllint: --confirm needs torch: pip install 'kllint[confirm]'\n"),
+        (
+            ["--confirm", "grpo.py"],
+            "kllint: --confirm needs torch: pip install 'kllint[confirm]'\n",
+        ),
     ],
 )
 def test_commands_that_need_torch_fail_in_one_line_without_it(

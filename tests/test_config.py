@@ -189,7 +189,10 @@ def test_command_line_applies_on_top_of_every_config() -> None:
     write("a/train.py", K3)
     write("b/train.py", K3)
     settings = load_settings(["a", "b"], extend_select=["KL002"])
-    assert [f.path for f in lint_paths(["a", "b"], settings).findings] == ["a/train.py", "b/train.py"]
+    assert [f.path for f in lint_paths(["a", "b"], settings).findings] == [
+        "a/train.py",
+        "b/train.py",
+    ]
     settings = load_settings(["a", "b"], ignore=["KL002"])
     assert lint_paths(["a", "b"], settings).findings == []
 
@@ -211,7 +214,9 @@ def test_kllint_toml_holds_the_keys_at_top_level_and_wins_over_pyproject() -> No
 
 
 def test_extend_select_and_extend_exclude() -> None:
-    pyproject('select = ["KL001"]\nextend-select = ["KL002"]\nexclude = ["a"]\nextend-exclude = ["b"]')
+    pyproject(
+        'select = ["KL001"]\nextend-select = ["KL002"]\nexclude = ["a"]\nextend-exclude = ["b"]'
+    )
     for name in ["train.py", "a/x.py", "b/x.py"]:
         write(name, K3)
     settings = load_settings(["."])

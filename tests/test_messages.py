@@ -58,7 +58,7 @@ def test_an_unresolved_selector_gives_one_finding_naming_the_other_branches(
     tmp_path: Path,
 ) -> None:
     # `kl_type` comes from the caller: k1 and k3 are both reachable on one line.
-    source = '''\
+    source = """\
 import torch
 
 
@@ -74,7 +74,7 @@ def kl_term(logp, ref_logp, kl_type):
 def compute_loss(logp, ref_logp, mask, kl_type):
     kl = kl_term(logp, ref_logp, kl_type)
     return (kl * mask).sum(-1).mean()
-'''
+"""
     path = tmp_path / "loss.py"
     path.write_text(source)
     found = check_source(source, str(path), Project([tmp_path]), RolePatterns())

@@ -293,7 +293,10 @@ def test_concise_leaves_notes_out() -> None:
 
 def test_json_and_sarif_carry_notes() -> None:
     entries = json.loads(render(with_notes(), "json"))
-    assert entries[1]["notes"] == ["the selector `kl_type` resolves to 'low_var_kl'", "k3 reaches the loss"]
+    assert entries[1]["notes"] == [
+        "the selector `kl_type` resolves to 'low_var_kl'",
+        "k3 reaches the loss",
+    ]
     [first, _] = json.loads(render(with_notes(), "sarif"))["runs"][0]["results"]
     assert first["properties"]["notes"] == entries[1]["notes"]
     assert "Note: k3 reaches the loss" in first["message"]["text"]

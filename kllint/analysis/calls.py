@@ -99,7 +99,14 @@ class Calls(Expressions):
                 :1
             ].isupper()  # a class, by convention: no module parsed for a function
         ):
-            found = self.context.project.class_named(call.func.value, self.module)
+            imported = self.module.imports.get(call.func.value)
+            found = None
+            if (
+                imported is None
+                or imported.name is None
+                or not self.needs_no_parse(imported.module, imported.name, imported.level)
+            ):
+                found = self.context.project.class_named(call.func.value, self.module)
             if found is not None and _callable_class(self.context.project, *found):
                 return self.instantiate(found[0], found[1], call)
         if isinstance(callee, Unknown):
@@ -325,11 +332,35 @@ class Calls(Expressions):
             return Unknown(code(call), (name,), call=True, numpy=True)
         if namespace == "torch":
             return self.call_torch(name, call, args, kwargs)
+        evaluated = None
+        if self.needs_no_parse(module, name, level):
+            # A function that can compute no KL term, in a file not parsed yet:
+            # given no log-prob, following it would only cost a parse.
+            evaluated = [self.eval(a.value) for a in call.args]
+            if not any(roles.may_carry_kl(v) for v in evaluated):
+                return Unknown(code(call), (name,), call=True)
         ref = self.context.project.function(module, name, self.module.path, level)
         if ref is not None:
-            return self.inline(ref, call)
+            return self.inline(ref, call, evaluated)
         # ``from pkg.mod import fn`` where fn is a submodule attribute or unresolved
         return self.named_call(name, call, args, kwargs, None)
+
+    def needs_no_parse(self, module: str, name: str, level: int) -> bool:
+        """``name`` of ``module`` (no leading dots) is, by its file's sketch, a
+        function that cannot compute a KL term or a class whose objects are
+        never called, and LibCST has not parsed that file yet."""
+        project, patterns = self.context.project, self.context.role_patterns
+        if patterns.policy or patterns.reference or patterns.old:
+            return False
+        path = project.module_file(module, self.module.path, level)
+        if path is None or project.is_parsed(path):
+            return False
+        sketch = project.sketch_at(path)
+        if sketch is None:
+            return False
+        if (None, name) in sketch.functions:
+            return not roles.sketch_may_compute_kl(sketch, None, name)
+        return sketch.plain_class(name)
 
     def partial(self, args: list[cst.Arg], kwargs: dict[str, cst.BaseExpression]) -> FuncRef | None:
         """``functools.partial(kl_penalty, kind="mse")``: the function with

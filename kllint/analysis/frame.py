@@ -12,7 +12,7 @@ branches, loops and inlining)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -90,7 +90,9 @@ class Frame:
     def origin(self, node: cst.CSTNode) -> ir.Origin:
         if self.call_site is not None:
             return self.call_site
-        return ir.Origin(self.context.path, cst_node=node, statement=self.statement)
+        return ir.Origin(
+            self.context.path, cst_node=node, statement=self.statement, function=self.root
+        )
 
     # ----------------------------------------------------------------- evidence
 
@@ -150,7 +152,9 @@ class Frame:
     def truth(self, expr: cst.BaseExpression) -> bool | None:
         raise NotImplementedError
 
-    def inline(self, ref: FuncRef, call: cst.Call) -> Value:
+    def inline(
+        self, ref: FuncRef, call: cst.Call, evaluated: Sequence[Value] | None = None
+    ) -> Value:
         raise NotImplementedError
 
     def bind_loop_target(

@@ -63,7 +63,13 @@ from kllint.analysis.values import (
     negate_condition,
 )
 
-__all__ = ["FileContext", "Interpreter", "Sink", "called_names", "iter_functions"]
+__all__ = [
+    "FileContext",
+    "Interpreter",
+    "Sink",
+    "called_names",
+    "iter_functions",
+]
 
 
 class Interpreter(Calls):
@@ -81,7 +87,7 @@ class Interpreter(Calls):
             self.root = fn
         self.loss_function = sinks.is_loss_function(
             fn.name.value,
-            self.cls.node.name.value if self.cls else None,
+            self.cls.name if self.cls else None,
             self.context.called,
             selects=_has_selector_parameter(fn),
         )
@@ -425,6 +431,7 @@ class Interpreter(Calls):
             self.context.path,
             cst_node=node,
             statement=self.statement,
+            function=self.root,
             assumed="the returned advantages weight the policy's log-probs in a "
             "policy-gradient loss that reads them back",
         )
@@ -557,7 +564,11 @@ class Interpreter(Calls):
                 item = Unknown(code(element), ("unpacked",))
             self.assign(element, item, node)
 
-    def inline(self, ref: FuncRef, call: cst.Call) -> Value:
+    def inline(
+        self, ref: FuncRef, call: cst.Call, evaluated: Sequence[Value] | None = None
+    ) -> Value:
+        """Interpret ``ref`` with the call's arguments bound (``evaluated``:
+        the arguments' values, when the caller already has them)."""
         key = id(ref.node)
         if self.depth >= MAX_DEPTH or key in self.stack:
             return Unknown(code(call), (ref.node.name.value,), call=True)
@@ -576,8 +587,8 @@ class Interpreter(Calls):
                 index += 1
         bound.update(ref.preset_kwargs)
         unread_splat = False
-        for arg in call.args:
-            value = self.eval(arg.value)
+        for position, arg in enumerate(call.args):
+            value = evaluated[position] if evaluated is not None else self.eval(arg.value)
             if arg.star == "**":
                 # ``**self.config.global_batch_info``: the entries kllint can read
                 # are bound; the others keep their defaults (normalisers, flags).
@@ -601,6 +612,8 @@ class Interpreter(Calls):
             elif index < len(positional):
                 bound[positional[index].name.value] = value
                 index += 1
+        if not self.may_matter(ref, bound):
+            return Unknown(code(call), (ref.node.name.value,), call=True)
         if unread_splat and not any(_log_probs_in(v) for v in bound.values()):
             # Past a splat kllint cannot read, a helper is followed only when it
             # is given log-probs (a KL term on its way to a loss): elsewhere the
@@ -612,11 +625,12 @@ class Interpreter(Calls):
                 self.context.path,
                 helper=helper_label(ref),
                 cst_node=call,
+                function=self.root,
                 helper_node=ref.node,
                 reported_by_helper=ref.module.path != self.module.path
                 and sinks.is_loss_function(
                     ref.node.name.value,
-                    ref.cls.node.name.value if ref.cls else None,
+                    ref.cls.name if ref.cls else None,
                     _called_in(ref.module),
                 ),
             )
@@ -636,6 +650,20 @@ class Interpreter(Calls):
         if result is None:
             return Py(None)
         return self.credit_rewards(ref.node.name.value, call, result)
+
+    def may_matter(self, ref: FuncRef, bound: dict[str, Value]) -> bool:
+        """Whether following a call can change a verdict: it is given a
+        log-prob (or a callable, or an object that holds one), or the
+        function can compute a KL term itself. Most of a trainer (data,
+        logging, checkpoints, generation) can do neither; following it
+        was most of kllint's time."""
+        if any(roles.may_carry_kl(v) for v in (*bound.values(), *ref.preset_args)):
+            return True
+        if ref.receiver is not None and any(
+            roles.may_carry_kl(v) for v in ref.receiver.attrs.values()
+        ):
+            return True
+        return roles.may_compute_kl(ref.module, ref.node, ref.cls, self.context.role_patterns)
 
     def credit_rewards(self, name: str, call: cst.Call, result: Value) -> Value:
         """A helper named like an advantage estimator (``compute_gae``) whose
@@ -681,22 +709,34 @@ def _time_loop_direction(statement: cst.For | cst.While) -> str | None:
 
 
 def _assigned_names(body: cst.BaseSuite) -> list[str]:
-    """Names a loop body assigns (``x = ...``, ``x += ...``), in order."""
+    """Names a loop body assigns (``x = ...``, ``x += ...``), in order; not
+    those of functions defined in it. Statements only: an assignment is
+    never inside an expression (LibCST's visitor would walk those too)."""
     names: list[str] = []
 
-    class _Assigned(cst.CSTVisitor):
-        def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
-            if isinstance(node.target, cst.Name) and node.target.value not in names:
-                names.append(node.target.value)
+    def walk(node: cst.CSTNode) -> None:
+        if isinstance(node, cst.SimpleStatementLine):
+            for small in node.body:
+                targets = []
+                if isinstance(small, cst.Assign):
+                    targets = [t.target for t in small.targets]
+                elif isinstance(small, cst.AugAssign):
+                    targets = [small.target]
+                for target in targets:
+                    if isinstance(target, cst.Name) and target.value not in names:
+                        names.append(target.value)
+        elif isinstance(node, cst.SimpleStatementSuite):
+            walk(cst.SimpleStatementLine(body=node.body))
+        elif not isinstance(node, cst.FunctionDef):
+            for part in ("body", "orelse", "handlers", "finalbody"):
+                child = getattr(node, part, None)
+                if isinstance(child, (list, tuple)):
+                    for item in child:
+                        walk(item)
+                elif isinstance(child, cst.CSTNode):
+                    walk(child)
 
-        def visit_AugAssign(self, node: cst.AugAssign) -> None:
-            if isinstance(node.target, cst.Name) and node.target.value not in names:
-                names.append(node.target.value)
-
-        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
-            return False
-
-    body.visit(_Assigned())
+    walk(body)
     return names
 
 
@@ -757,8 +797,12 @@ def _called_in(module: ModuleInfo) -> frozenset[str]:
     return cached[1]
 
 
-def iter_functions(module: ModuleInfo) -> Iterator[tuple[cst.FunctionDef, ClassInfo | None]]:
-    """Every function and method of a module, nested ones included."""
+def iter_functions(
+    module: ModuleInfo, keep: Callable[[tuple[str | None, str]], bool] | None = None
+) -> Iterator[tuple[cst.FunctionDef, ClassInfo | None]]:
+    """Every function and method of a module, nested ones included; with
+    ``keep``, only those it keeps by (class, name), so that a function not
+    kept is never parsed."""
 
     def nested(
         fn: cst.FunctionDef, cls: ClassInfo | None
@@ -767,11 +811,13 @@ def iter_functions(module: ModuleInfo) -> Iterator[tuple[cst.FunctionDef, ClassI
         for child in _walk_defs(fn.body):
             yield from nested(child, cls)
 
-    for fn in module.functions.values():
-        yield from nested(fn, None)
+    for name in list(module.functions):
+        if keep is None or keep((None, name)):
+            yield from nested(module.functions[name], None)
     for cls in module.classes.values():
-        for method in cls.methods.values():
-            yield from nested(method, cls)
+        for name in list(cls.methods):
+            if keep is None or keep((cls.name, name)):
+                yield from nested(cls.methods[name], cls)
 
 
 def _walk_defs(body: cst.BaseSuite) -> Iterator[cst.FunctionDef]:

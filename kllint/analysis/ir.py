@@ -71,6 +71,9 @@ class Origin:
     cst_node: object = field(default=None, repr=False)
     helper_node: object = field(default=None, repr=False)  # the helper's FunctionDef
     statement: object = field(default=None, repr=False)  # the statement the node is in
+    # The function of the linted file the node is in: positions are computed
+    # over that function's code, not the whole module's.
+    function: object = field(default=None, repr=False)
     notes: list[str] = field(default_factory=list)  # e.g. how a selector was resolved
     # What the code computes here when the IR holds a surrogate with the same
     # expected gradient instead (an exact divergence over the vocabulary).

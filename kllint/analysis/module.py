@@ -3,8 +3,12 @@ file with a shallow walk of the top level (no metadata providers)."""
 
 from __future__ import annotations
 
+import ast
+import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, cast
 
 import libcst as cst
 
@@ -16,24 +20,105 @@ class ImportedName:
     level: int = 0  # leading dots of a relative import
 
 
-@dataclass
 class ClassInfo:
-    node: cst.ClassDef
-    methods: dict[str, cst.FunctionDef] = field(default_factory=dict)
-    bases: list[str] = field(default_factory=list)
+    """A class: its methods by name and its bases as written. The class's
+    own node is parsed on first use when the class came from a helper file
+    read definition by definition (see ``ModuleInfo.of_helper``)."""
+
+    def __init__(
+        self,
+        node: cst.ClassDef | Callable[[], cst.ClassDef],
+        methods: dict[str, cst.FunctionDef] | None = None,
+        bases: list[str] | None = None,
+        *,
+        name: str | None = None,
+    ) -> None:
+        self._node = node
+        self.name = name if name is not None else cast(cst.ClassDef, node).name.value
+        self.methods = methods if methods is not None else {}
+        self.bases = bases if bases is not None else []
+
+    @property
+    def node(self) -> cst.ClassDef:
+        if not isinstance(self._node, cst.ClassDef):
+            self._node = self._node()
+        return self._node
+
+
+class Definitions(dict):
+    """Definitions by name, each parsed by LibCST when first read: a helper
+    file is read for the few functions a call needs, not parsed whole."""
+
+    def __getitem__(self, name: str) -> Any:
+        value = super().__getitem__(name)
+        if isinstance(value, _Pending):
+            value = value.parse()
+            super().__setitem__(name, value)
+        return value
+
+    def get(self, name: str, default: Any = None) -> Any:
+        # Not ``dict.get``: it would return the pending parse, not the definition.
+        return self[name] if name in self else default  # noqa: SIM401
+
+    def values(self) -> Any:
+        return [self[name] for name in self]
+
+    def items(self) -> Any:
+        return [(name, self[name]) for name in self]
+
+
+class _Pending:
+    def __init__(self, parse: Callable[[], Any]) -> None:
+        self.parse = parse
 
 
 class ModuleInfo:
-    def __init__(self, path: Path, module: cst.Module, source: str = "") -> None:
+    def __init__(
+        self,
+        path: Path,
+        module: cst.Module | None,
+        source: str = "",
+        sketch: Sketch | None = None,
+    ) -> None:
         self.path = path
-        self.module = module
+        self._module = module
         self.source = source
         self._def_lines: dict[str, int] | None = None
+        self._sketch = sketch
+        # The file's own statements that define nothing (a script's loop),
+        # for a file read definition by definition.
+        self.top_level_text = ""
         self.functions: dict[str, cst.FunctionDef] = {}
         self.classes: dict[str, ClassInfo] = {}
         self.imports: dict[str, ImportedName] = {}
         self.constants: dict[str, cst.BaseExpression] = {}
-        self._collect(module.body)
+        if module is not None:
+            self._collect(module.body)
+
+    @property
+    def module(self) -> cst.Module:
+        if self._module is None:
+            self._module = cst.parse_module(self.source)
+        return self._module
+
+    @property
+    def parsed_module(self) -> cst.Module | None:
+        """The whole file's tree, when it was parsed whole."""
+        return self._module
+
+    @classmethod
+    def of_helper(cls, path: Path, source: str, sketch: Sketch | None = None) -> ModuleInfo:
+        """A file read for its definitions: Python's parser finds where each
+        one is (a tenth of LibCST's cost), and LibCST parses a function,
+        class or constant only when the analysis reads it. Raises
+        ``SyntaxError`` when Python's parser rejects the file."""
+        tree = ast.parse(source)
+        info = cls(path, None, source, sketch)
+        info.functions = Definitions()
+        info.classes = Definitions()
+        info.constants = Definitions()
+        _Pieces(info, source.split("\n")).collect(tree.body)
+        return info
 
     def line_of_def(self, name: str) -> int:
         """The line of ``def name(`` (from the text: no position metadata needed)."""
@@ -45,6 +130,12 @@ class ModuleInfo:
                     fn = stripped.split("def ", 1)[1].split("(", 1)[0].strip()
                     self._def_lines.setdefault(fn, number)
         return self._def_lines.get(name, 0)
+
+    @property
+    def sketch(self) -> Sketch:
+        if self._sketch is None:
+            self._sketch = Sketch(self.source)
+        return self._sketch
 
     def line_of_class(self, name: str) -> int:
         for number, line in enumerate(self.source.splitlines(), 1):
@@ -97,6 +188,218 @@ class ModuleInfo:
             target = small.targets[0].target
             if isinstance(target, cst.Name):
                 self.constants[target.value] = small.value
+
+
+class _Pieces:
+    """The top level of a helper file, from Python's ``ast``, as
+    ``ModuleInfo._collect`` reads LibCST's: definitions under ``if`` (both
+    branches, not ``elif``) and ``try`` count; imports are read at once."""
+
+    def __init__(self, info: ModuleInfo, lines: list[str]) -> None:
+        self.info = info
+        self.lines = lines
+
+    def collect(self, body: list[ast.stmt]) -> None:
+        info = self.info
+        for statement in body:
+            if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                pending: Any = _Pending(self.definition(statement))
+                info.functions[statement.name] = pending
+            elif isinstance(statement, ast.ClassDef):
+                methods = Definitions()
+                for item in statement.body:
+                    if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                        methods[item.name] = _Pending(self.definition(item))
+                bases = [
+                    ast.unparse(b) if isinstance(b, (ast.Name, ast.Attribute)) else ""
+                    for b in statement.bases
+                ]
+                info.classes[statement.name] = ClassInfo(
+                    self.definition(statement), methods, bases, name=statement.name
+                )
+            elif isinstance(statement, ast.If):
+                self.collect(statement.body)
+                orelse = statement.orelse
+                is_elif = (
+                    len(orelse) == 1
+                    and isinstance(orelse[0], ast.If)
+                    and self.lines[orelse[0].lineno - 1].lstrip().startswith("elif")
+                )
+                if not is_elif:
+                    self.collect(orelse)
+            elif isinstance(statement, ast.Try):
+                self.collect(statement.body)
+            elif isinstance(statement, ast.Import):
+                for alias in statement.names:
+                    if alias.asname:
+                        info.imports[alias.asname] = ImportedName(alias.name, None)
+                    else:
+                        head = alias.name.split(".")[0]
+                        info.imports[head] = ImportedName(head, None)
+            elif isinstance(statement, ast.ImportFrom):
+                for alias in statement.names:
+                    if alias.name == "*":
+                        break
+                    info.imports[alias.asname or alias.name] = ImportedName(
+                        statement.module or "", alias.name, statement.level
+                    )
+            elif (
+                isinstance(statement, ast.Assign)
+                and len(statement.targets) == 1
+                and isinstance(statement.targets[0], ast.Name)
+            ):
+                constant: Any = _Pending(self.constant(statement))
+                info.constants[statement.targets[0].id] = constant
+                info.top_level_text += self.text(statement)
+            else:
+                info.top_level_text += self.text(statement)
+
+    def text(self, statement: ast.stmt) -> str:
+        return "\n".join(self.lines[slice(*self.span(statement))]) + "\n"
+
+    def span(self, statement: ast.stmt) -> tuple[int, int]:
+        decorators = getattr(statement, "decorator_list", [])
+        start = min([statement.lineno, *(d.lineno for d in decorators)])
+        return start - 1, statement.end_lineno or statement.lineno
+
+    # The parsers below keep line numbers, not ``ast`` nodes: a node would
+    # keep its file's whole tree alive.
+
+    def definition(self, statement: ast.stmt) -> Callable[[], Any]:
+        lines, span = self.lines, self.span(statement)
+        return lambda: _parse_statement("\n".join(lines[slice(*span)]) + "\n")
+
+    def constant(self, statement: ast.Assign) -> Callable[[], Any]:
+        name = statement.targets[0].id  # type: ignore[attr-defined]
+        lines, span = self.lines, self.span(statement)
+
+        def parse() -> cst.BaseExpression:
+            line = _parse_statement("\n".join(lines[slice(*span)]) + "\n")
+            for small in getattr(line, "body", []):  # ``a = 1; b = 2`` is one line
+                if (
+                    isinstance(small, cst.Assign)
+                    and len(small.targets) == 1
+                    and isinstance(small.targets[0].target, cst.Name)
+                    and small.targets[0].target.value == name
+                ):
+                    return small.value
+            return cst.Name("None")  # not reached: Python's parser saw the assignment
+
+        return parse
+
+
+def _parse_statement(text: str) -> cst.CSTNode:
+    """One statement of a file, parsed on its own; an indented one (a
+    method, a definition under ``if``) inside a stand-in class, which keeps
+    its lines as they are written."""
+    if text[:1] in (" ", "\t"):
+        wrapper = cst.parse_module("class _:\n" + text)
+        return cast(cst.CSTNode, wrapper.body[0].body.body[0])  # type: ignore[union-attr]
+    return cst.parse_module(text).body[0]
+
+
+@dataclass
+class FunctionNames:
+    identifiers: set[str] = field(default_factory=set)  # names, attributes, string keys
+    called: set[str] = field(default_factory=set)  # ``f(...)``, ``x.f(...)``: f
+
+
+FunctionKey = tuple[str | None, str]  # (class, function); nested functions by their own name
+
+
+class Sketch:
+    """What each function of a file mentions and calls, read with Python's
+    own parser (a tenth of LibCST's cost): enough to tell a function that
+    can compute a KL term from one that cannot, before LibCST parses the
+    file. Functions of the same name in one class (or at top level) share
+    one entry."""
+
+    def __init__(self, source: str) -> None:
+        self.classes: dict[str, list[str]] = {}  # class -> its bases, as written
+        self.functions = _function_names(source, self.classes)
+        self.relevance: dict[FunctionKey, bool] = {}  # the interpreter's judgement, kept
+
+    def plain_class(self, name: str, seen: frozenset[str] = frozenset()) -> bool:
+        """A class of this file whose objects are never called (no
+        ``forward``, no ``__call__``, in it or in any base): building one
+        cannot lead kllint into a KL term. False when a base is another
+        file's (kllint would have to read it to tell)."""
+        if name not in self.classes or name in seen:
+            return False
+        if (name, "forward") in self.functions or (name, "__call__") in self.functions:
+            return False
+        for base in self.classes[name]:
+            last = base.split("[")[0].split(".")[-1].strip()
+            if last in _PLAIN_BASES:
+                continue
+            if not self.plain_class(last, seen | {name}):
+                return False
+        return True
+
+    def names(self, cls: str | None, name: str) -> FunctionNames | None:
+        return self.functions.get((cls, name))
+
+
+def _function_names(source: str, classes: dict[str, list[str]]) -> dict[FunctionKey, FunctionNames]:
+    """Each function's words, from its text: the lines from its ``def`` to
+    the next ``def`` or ``class`` at its indentation or less. Comments,
+    strings and module code after the function count as its own: more
+    words only make kllint follow more. Nested functions count for the
+    functions around them too. No parser: this runs on files LibCST may
+    never need to parse."""
+    found: dict[FunctionKey, FunctionNames] = {}
+    open_defs: list[tuple[int, str, FunctionNames | None]] = []  # indent, class name, entry
+    headers = list(_HEADER.finditer(source))
+    for index, header in enumerate(headers):
+        indent = len(header.group(1).expandtabs())
+        while open_defs and open_defs[-1][0] >= indent:
+            open_defs.pop()
+        around = [name for _, name, entry in open_defs if entry is None]
+        if header.group(2) == "class":
+            open_defs.append((indent, header.group(3), None))
+            bases = header.group(4) or ""
+            classes.setdefault(header.group(3), []).extend(
+                b.strip() for b in bases.split(",") if b.strip() and "=" not in b
+            )
+        else:
+            key = (around[0] if around else None, header.group(3))
+            open_defs.append((indent, "", found.setdefault(key, FunctionNames())))
+        end = headers[index + 1].start() if index + 1 < len(headers) else len(source)
+        text = source[header.start() : end]
+        identifiers, called = set(_IDENTIFIER.findall(text)), set(_CALLED.findall(text))
+        for _, _, entry in open_defs:
+            if entry is not None:
+                entry.identifiers |= identifiers
+                entry.called |= called
+    return found
+
+
+_HEADER = re.compile(
+    r"^([ \t]*)(?:async[ \t]+)?(def|class)[ \t]+([A-Za-z_][A-Za-z0-9_]*)(?:\(([^)]*)\))?", re.M
+)
+# Bases that give a class no ``forward`` or ``__call__`` of the project's.
+_PLAIN_BASES = frozenset(
+    {
+        "object",
+        "ABC",
+        "Enum",
+        "IntEnum",
+        "StrEnum",
+        "str",
+        "int",
+        "dict",
+        "Exception",
+        "RuntimeError",
+        "ValueError",
+        "NamedTuple",
+        "TypedDict",
+        "Protocol",
+        "Generic",
+        "BaseModel",
+    }
+)
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_CALLED = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)\s*\(")
 
 
 def dotted_name(node: cst.CSTNode | None) -> str | None:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import libcst as cst
 
-from kllint.analysis.module import ClassInfo, ModuleInfo
+from kllint.analysis.module import ClassInfo, ModuleInfo, Sketch
 from kllint.analysis.values import FuncRef
 
 _SKIP_DIRS = {
@@ -94,6 +94,9 @@ class Project:
         self._defaults: dict[Path, _PackageDefaults] = {}
         self._resolved: dict[tuple[str, Path, int], ModuleInfo | None] = {}
         self._defaults_of: dict[Path, _PackageDefaults] = {}
+        self._files: dict[tuple[str, Path, int], Path | None] = {}
+        self._sketches: dict[Path, Sketch] = {}
+        self._texts: dict[Path, str] = {}
         # Every file the analysis used since the caller last cleared it (the
         # results cache re-analyses a file when one of these changes).
         self.read_paths: set[str] = set()
@@ -105,18 +108,67 @@ class Project:
         self._modules[path.resolve()] = info
         return info
 
+    def add_source(self, path: Path, source: str) -> ModuleInfo | None:
+        """A file to lint, read definition by definition (see
+        ``ModuleInfo.of_helper``); None when Python's parser rejects it."""
+        try:
+            info = ModuleInfo.of_helper(path.resolve(), source)
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
+            return None
+        self._modules[path.resolve()] = info
+        return info
+
     def module_at(self, path: Path) -> ModuleInfo | None:
         path = path.resolve()
         self.read_paths.add(str(path))
         if path not in self._modules:
             try:
-                source = path.read_text(encoding="utf-8")
-                module = cst.parse_module(source)
-            except (OSError, UnicodeDecodeError, cst.ParserSyntaxError):
+                source = self._texts.pop(path, None) or path.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError):
                 self._modules[path] = None
-            else:
-                self._modules[path] = ModuleInfo(path, module, source)
+                return None
+            sketch = self._sketches.get(path)
+            try:
+                self._modules[path] = ModuleInfo.of_helper(path, source, sketch)
+            except (SyntaxError, ValueError, RecursionError, MemoryError):
+                # Code Python's parser here rejects (a newer Python's syntax):
+                # LibCST parses it whole.
+                try:
+                    module = cst.parse_module(source)
+                except cst.ParserSyntaxError:
+                    self._modules[path] = None
+                else:
+                    self._modules[path] = ModuleInfo(path, module, source, sketch)
         return self._modules[path]
+
+    def is_parsed(self, path: Path) -> bool:
+        return path.resolve() in self._modules
+
+    def sketch_at(self, path: Path) -> Sketch | None:
+        """The file's sketch (see ``Sketch``), without parsing it with LibCST."""
+        path = path.resolve()
+        self.read_paths.add(str(path))
+        module = self._modules.get(path)
+        if module is not None:
+            return module.sketch
+        if path not in self._sketches:
+            try:
+                self._sketches[path] = Sketch(self._source(path))
+            except (OSError, UnicodeDecodeError):
+                return None
+        return self._sketches[path]
+
+    def module_file(self, dotted: str, importer: Path, level: int = 0) -> Path | None:
+        """The file of module ``dotted`` as imported from ``importer``."""
+        key = (dotted, importer.parent, level)
+        if key not in self._files:
+            self._files[key] = self._module_file(dotted, importer, level)
+        return self._files[key]
+
+    def _source(self, path: Path) -> str:
+        if path not in self._texts:
+            self._texts[path] = path.read_text(encoding="utf-8")
+        return self._texts[path]
 
     def resolve_module(self, dotted: str, importer: Path, level: int = 0) -> ModuleInfo | None:
         """The module ``dotted`` as imported from ``importer`` (``level`` dots)."""
@@ -129,6 +181,10 @@ class Project:
         return found
 
     def _resolve_module(self, dotted: str, importer: Path, level: int) -> ModuleInfo | None:
+        path = self.module_file(dotted, importer, level)
+        return self.module_at(path) if path is not None else None
+
+    def _module_file(self, dotted: str, importer: Path, level: int) -> Path | None:
         if level:
             base = importer.resolve().parent
             for _ in range(level - 1):
@@ -145,7 +201,7 @@ class Project:
             module_file = target.parent / f"{target.name}.py" if target.name else None
             for path in (module_file, target / "__init__.py"):
                 if path is not None and path.is_file():
-                    return self.module_at(path)
+                    return path
         return None
 
     # ------------------------------------------------------------ names
@@ -191,9 +247,9 @@ class Project:
         queue: list[tuple[ClassInfo, ModuleInfo]] = [(cls, module)]
         while queue:
             current, where = queue.pop(0)
-            if id(current.node) in seen:
+            if id(current) in seen:
                 continue
-            seen.add(id(current.node))
+            seen.add(id(current))
             if name in current.methods:
                 return FuncRef(current.methods[name], where, current, bound=True)
             for base in current.bases:

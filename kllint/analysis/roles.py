@@ -17,9 +17,23 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import libcst as cst
+
 from kllint.analysis import ir
 from kllint.analysis.ir import Level, Role
-from kllint.analysis.values import Choice, Unknown, Value, has_distribution
+from kllint.analysis.module import ClassInfo, FunctionKey, ModuleInfo, Sketch
+from kllint.analysis.values import (
+    Choice,
+    DictVal,
+    Flipped,
+    FuncRef,
+    Grouped,
+    Instance,
+    Seq,
+    Unknown,
+    Value,
+    has_distribution,
+)
 
 # Words are the pieces of an identifier split at underscores, dots, digits
 # and camelCase humps: "ref_per_token_logps" -> ref, per, token, logps.
@@ -455,3 +469,114 @@ def name_logprob(name: str, value: Value, patterns: RolePatterns, *, no_grad: bo
         atom: ir.Node = ir.Atom(role, name, level_of(name))
         return ir.detach(atom) if detached or no_grad else atom
     return resolve(Unknown(name, (name,), call=True, detached=detached), patterns, no_grad=no_grad)
+
+
+# ----------------------------------------------------------------- relevance
+
+# Words of an identifier that a function able to produce or judge a KL term
+# mentions somewhere: log-probs and the ops that compute them, a reference
+# or behaviour policy, KL itself, a loss or a backward pass (a sink). A
+# function that mentions none of them, and is given no log-prob, cannot
+# return a KL term (its callees that do are named in it; see
+# ``ModuleInfo.may_compute_kl``), so it is not followed.
+RELEVANCE_WORDS = LOGPROB_WORDS | {
+    # Not "base", "init": every ``__init__`` and ``base_model`` says them,
+    # and a log-prob of such a model is named with a log-prob word too.
+    "ref",
+    "refs",
+    "reference",
+    "teacher",
+    "kl",
+    "kld",
+    "kls",
+    "divergence",
+    "log",
+    "exp",
+    "softmax",
+    "logsumexp",
+    "logits",
+    "logit",
+    "old",
+    "behav",
+    "behaviour",
+    "behavior",
+    "loss",
+    "losses",
+    "backward",
+    "objective",
+}
+_RELEVANT_IDENTIFIERS: dict[str, bool] = {}
+
+
+def relevant_identifier(identifier: str) -> bool:
+    """``ref_logps``, ``log_softmax``, ``kl_coef``, ``loss``: see ``RELEVANCE_WORDS``."""
+    known = _RELEVANT_IDENTIFIERS.get(identifier)
+    if known is None:
+        known = _RELEVANT_IDENTIFIERS[identifier] = any(
+            w in RELEVANCE_WORDS for w in words(identifier)
+        )
+    return known
+
+
+def may_compute_kl(
+    module: ModuleInfo,
+    fn: cst.FunctionDef,
+    cls: ClassInfo | None,
+    patterns: RolePatterns,
+) -> bool:
+    """Whether ``fn`` mentions what a KL term is made of (see
+    ``roles.RELEVANCE_WORDS``), or calls a function of its module that does.
+    True when kllint cannot tell (names the source does not show, roles
+    configured by the user)."""
+    if patterns.policy or patterns.reference or patterns.old:
+        return True
+    return sketch_may_compute_kl(module.sketch, cls.name if cls else None, fn.name.value)
+
+
+def sketch_may_compute_kl(sketch: Sketch, cls: str | None, name: str) -> bool:
+    return _may_compute_kl(sketch, (cls, name), set())
+
+
+def _may_compute_kl(sketch: Sketch, key: FunctionKey, visiting: set[FunctionKey]) -> bool:
+    known = sketch.relevance.get(key)
+    if known is not None:
+        return known
+    names = sketch.functions.get(key)
+    if names is None or any(relevant_identifier(i) for i in names.identifiers):
+        sketch.relevance[key] = True
+        return True
+    visiting.add(key)
+    relevant = False
+    cls = key[0]
+    for called in names.called:
+        callee = (cls, called) if (cls, called) in sketch.functions else (None, called)
+        if callee in sketch.functions and callee not in visiting:
+            if _may_compute_kl(sketch, callee, visiting):
+                relevant = True
+                break
+    visiting.discard(key)
+    if relevant or not visiting:
+        # A verdict reached inside a cycle is not final until the cycle's entry decides.
+        sketch.relevance[key] = relevant
+    return relevant
+
+
+def may_carry_kl(value: Value) -> bool:
+    """A value a KL term could be built from or hidden in."""
+    if isinstance(value, ir.Node):
+        return not isinstance(value, ir.Opaque) and any(
+            a.role in (Role.POLICY_LOGP, Role.REFERENCE_LOGP, Role.OLD_LOGP) for a in value.atoms()
+        )
+    if isinstance(value, Choice):
+        return any(may_carry_kl(v) for _, v in value.options)
+    if isinstance(value, Seq):
+        return any(may_carry_kl(v) for v in value.items)
+    if isinstance(value, DictVal):
+        return any(may_carry_kl(v) for v in value.items.values())
+    if isinstance(value, (Flipped, Grouped)):
+        return may_carry_kl(value.node)
+    if isinstance(value, (FuncRef, Instance)):
+        return True
+    if isinstance(value, Unknown):
+        return bool(value.logprob_op or value.reference_model)
+    return False

@@ -75,8 +75,20 @@ def selects_estimator(
 def condition_label(test: cst.BaseExpression, *, in_helper: bool) -> str:
     """A branch condition, shown in messages only when it can select an
     estimator. A ``loss_type == "cispo"`` in the trainer around it is not shown."""
-    text = full_code(test)
-    return text if selects_estimator(test, test, text, in_helper=in_helper) else HIDDEN + text
+    key = (id(test), in_helper)
+    known = _LABELS.get(key)
+    if known is None:
+        text = full_code(test)
+        label = text if selects_estimator(test, test, text, in_helper=in_helper) else HIDDEN + text
+        # The node is kept with its label: its id is not reused while it is here.
+        known = _LABELS[key] = (test, label)
+    return known[1]
+
+
+# A helper's conditions are labelled again at every call that inlines it,
+# in every file that calls it. Entries keep their (small) condition nodes, so
+# an id is never reused while it is a key.
+_LABELS: dict[tuple[int, bool], tuple[cst.BaseExpression, str]] = {}
 
 
 def default_note(subject: cst.BaseExpression, default: Py) -> str:
@@ -189,8 +201,8 @@ def typed_default(
         literal = int(value.value, 0)
     if literal is None:
         return None
-    line = where.line_of_class(config_class.node.name.value)
-    return Py(literal, source=f"`{config_class.node.name.value}` ({where.path.name}:{line})")
+    line = where.line_of_class(config_class.name)
+    return Py(literal, source=f"`{config_class.name}` ({where.path.name}:{line})")
 
 
 def _field_default(cls: ClassInfo, attr: str) -> cst.BaseExpression | None:

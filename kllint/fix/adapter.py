@@ -55,7 +55,7 @@ def analyse(source: str, path: str, settings: Settings) -> Analysis:
     findings' nodes belong to (the fixer edits that very tree). Raises
     ``libcst.ParserSyntaxError`` when the text does not parse."""
     project = _project(path, settings)
-    findings = check_source(source, path, project, settings.roles)
+    findings = check_source(source, path, project, settings.roles, whole=True)
     info = project.module_at(Path(path))
     module = info.module if info is not None else cst.parse_module(source)
     return Analysis(module, [f for f in findings if f.code in settings.select])
@@ -102,7 +102,8 @@ class RewrittenSite:
 def sites(source: str, path: str, settings: Settings) -> tuple[cst.Module, list[RewrittenSite]]:
     """Every KL site of a module, correct or not (the rules report only the
     wrong ones): the fixer confirms the rewritten expression from these."""
-    module, sinks = interpret(source, path, _project(path, settings), settings.roles)
+    module, sinks = interpret(source, path, _project(path, settings), settings.roles, whole=True)
+    assert module is not None  # parsed whole
     found = [_rewritten(site) for site in kl_sites(sinks, path)]
     return module, found
 

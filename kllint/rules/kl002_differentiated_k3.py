@@ -52,6 +52,9 @@ RULE = Rule(
     reason=reason,
     fix_title="Differentiate k2 `0.5 * log_ratio**2` of the sequence, or use the score function "
     "`reverse_cumsum(log_ratio.detach()) * logp` and keep k3 for logging",
-    confirms={"bandit": frozenset({"wrong-direction"}), "sequences": frozenset({"wrong-direction", "partial-wrong-direction"})},
+    confirms={
+        "bandit": frozenset({"wrong-direction"}),
+        "sequences": frozenset({"wrong-direction", "partial-wrong-direction"}),
+    },
     claim="the gradient of KL(pi_ref||pi)",
 )

@@ -1,0 +1,141 @@
+"""kllint parses and interprets only what can change a verdict. These tests
+pin down that doing less work loses nothing: the same findings, at the same
+positions, as parsing and following everything."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import libcst as cst
+import pytest
+from libcst.metadata import MetadataWrapper, PositionProvider
+
+from kllint.analysis.module import ModuleInfo, Sketch
+from kllint.analysis.project import Project
+from kllint.analysis.roles import RolePatterns, sketch_may_compute_kl
+from kllint.driver import check_source
+
+K3_IN_A_METHOD = '''\
+import torch
+
+
+class Trainer:
+    """A trainer.
+
+Docstring lines written at column 0 must not confuse where a method starts.
+"""
+
+    @torch.no_grad()
+    def generate(self, batch):
+        return self.model.generate(batch)
+
+    def compute_loss(self, model, batch):
+        logits = model(batch["input_ids"]).logits
+        per_token_logps = torch.log_softmax(logits, -1).gather(
+            -1, batch["labels"].unsqueeze(-1)
+        ).squeeze(-1)
+        ref_per_token_logps = batch["ref_per_token_logps"]
+        per_token_kl = (
+            torch.exp(ref_per_token_logps - per_token_logps)
+            - (ref_per_token_logps - per_token_logps) - 1
+        )
+        loss = (per_token_kl * batch["mask"]).sum() / batch["mask"].sum()
+        return loss
+'''
+
+
+def _positions_parsed_whole(source: str) -> list[tuple[str, int, int, int, int]]:
+    findings = check_source(source, "t.py", Project([Path(".")]), RolePatterns(), whole=True)
+    return [(f.code, f.line, f.column, f.end_line, f.end_column) for f in findings]
+
+
+def _positions(source: str) -> list[tuple[str, int, int, int, int]]:
+    findings = check_source(source, "t.py", Project([Path(".")]), RolePatterns())
+    return [(f.code, f.line, f.column, f.end_line, f.end_column) for f in findings]
+
+
+@pytest.mark.parametrize("indent", ["    ", "\t", "  "])
+def test_a_finding_in_a_method_is_placed_as_over_the_whole_file(indent: str) -> None:
+    # The method is parsed on its own, one indentation level out; its
+    # continuation lines keep the file's whitespace.
+    source = K3_IN_A_METHOD.replace("    ", indent)
+    assert _positions(source) == _positions_parsed_whole(source)
+    [(code, line, column, *_)] = _positions(source)
+    assert code == "KL002"
+    flagged = source.splitlines()[line - 1]
+    assert flagged[column - 1 :].startswith("(") or flagged[column - 1 :].startswith("per_token")
+
+
+def test_positions_agree_with_libcst_over_the_whole_module() -> None:
+    findings = check_source(K3_IN_A_METHOD, "t.py", Project([Path(".")]), RolePatterns())
+    [finding] = findings
+    module = cst.parse_module(K3_IN_A_METHOD)
+    ranges = MetadataWrapper(module).resolve(PositionProvider)
+    starts = {(r.start.line, r.start.column + 1) for r in ranges.values()}
+    assert (finding.line, finding.column) in starts
+
+
+def test_a_helper_file_is_parsed_only_for_the_functions_followed(tmp_path: Path) -> None:
+    (tmp_path / "utils.py").write_text(
+        "def masked_mean(values, mask):\n"
+        "    return (values * mask).sum() / mask.sum()\n"
+        "\n"
+        "def save_checkpoint(model, path):\n"
+        "    model.save_pretrained(path)\n"
+    )
+    trainer = tmp_path / "trainer.py"
+    trainer.write_text(
+        "from utils import masked_mean, save_checkpoint\n"
+        "\n"
+        "def compute_loss(logp, ref_logp, mask):\n"
+        "    save_checkpoint(None, 'out')\n"
+        "    kl = logp - ref_logp\n"
+        "    return masked_mean(kl, mask)\n"
+    )
+    project = Project([tmp_path])
+    findings = check_source(trainer.read_text(), str(trainer), project, RolePatterns())
+    assert [f.code for f in findings] == ["KL001"]
+    utils = project.module_at(tmp_path / "utils.py")
+    assert utils is not None
+    # ``save_checkpoint`` is given no log-prob and mentions nothing a KL
+    # term is made of: it was never parsed.
+    assert "masked_mean" in utils.functions
+    pending = dict.__getitem__(utils.functions, "save_checkpoint")
+    assert not isinstance(pending, cst.FunctionDef)
+
+
+def test_a_function_that_only_calls_one_that_computes_log_probs_is_followed() -> None:
+    # No word of ``step`` names a log-prob; it calls ``_forward``, which does.
+    sketch = Sketch(
+        "class Policy:\n"
+        "    def step(self, batch):\n"
+        "        return self._forward(batch)\n"
+        "\n"
+        "    def _forward(self, batch):\n"
+        "        return self.model(batch).logits.log_softmax(-1)\n"
+        "\n"
+        "    def num_params(self):\n"
+        "        return sum(p.numel() for p in self.model.parameters())\n"
+    )
+    assert sketch_may_compute_kl(sketch, "Policy", "step")
+    assert sketch_may_compute_kl(sketch, "Policy", "_forward")
+    assert not sketch_may_compute_kl(sketch, "Policy", "num_params")
+
+
+def test_a_helper_read_definition_by_definition_keeps_imports_and_constants() -> None:
+    source = (
+        "import torch.nn.functional as F\n"
+        "from .core import kl_penalty as penalty\n"
+        "ESTIMATOR = 'low_var_kl'\n"
+        "a = 1; b = 'k3'\n"
+        "if True:\n"
+        "    def guarded(x):\n"
+        "        return x\n"
+    )
+    info = ModuleInfo.of_helper(Path("m.py"), source)
+    assert info.imports["F"].module == "torch.nn.functional"
+    assert info.imports["penalty"].name == "kl_penalty"
+    assert info.imports["penalty"].level == 1
+    assert isinstance(info.constants["ESTIMATOR"], cst.SimpleString)
+    assert info.constants["b"].value == "'k3'"  # type: ignore[attr-defined]
+    assert info.functions["guarded"].name.value == "guarded"
