@@ -8,8 +8,6 @@ rules (``kllint.rules``): rules judge sites, the driver reports."""
 
 from __future__ import annotations
 
-import ast
-import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -28,40 +26,19 @@ from kllint.analysis.interpreter import (
 )
 from kllint.analysis.ir import clear_caches
 from kllint.analysis.project import Project
-from kllint.analysis.roles import RolePatterns, names_reference_logprob
+from kllint.analysis.roles import RolePatterns
 from kllint.analysis.sites import KLSite, build_site, focus_of, kl_terms
 from kllint.analysis.values import Choice, common_condition, show_condition
 from kllint.findings import Finding
+from kllint.prefilter import must_analyse
 from kllint.rules import RULES, Rule
 from kllint.rules.base import context_notes, facts
-
-# A file can only hold a KL site if it has a loss (or a backward pass) and
-# either says "KL" or names a log-prob of a reference policy in one
-# identifier (``ref_log_probs``, ``base_action_log_probs``, ``pi_ref``):
-# 6-25% of an RL framework's files, under 1% of torch's. The rest are only
-# checked for syntax with the C parser, ten times faster than LibCST.
-# Helpers such files define are still parsed, lazily, when a linted file
-# calls them.
-_PREFILTER_LOSS = re.compile(r"loss|backward|objective|training_step", re.IGNORECASE)
-_PREFILTER_KL = re.compile(r"(?<![A-Za-z])(?:kl|KL|Kl)(?![a-z])")
-_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
-
-def may_hold_kl_site(source: str) -> bool:
-    if not _PREFILTER_LOSS.search(source):
-        return False
-    if _PREFILTER_KL.search(source):
-        return True
-    return any(names_reference_logprob(i) for i in set(_IDENTIFIER.findall(source)))
-
 
 def check_source(source: str, path: str, project: Project, roles: RolePatterns) -> list[Finding]:
     """All findings of every rule in one file. Raises ``libcst.ParserSyntaxError``
     when the file does not parse. ``path`` is the path as displayed."""
-    configured = roles.policy or roles.reference or roles.old
-    if not configured and not may_hold_kl_site(source):
-        _syntax_check(source, path)
-        return []
+    if not must_analyse(source, bool(roles.policy or roles.reference or roles.old)):
+        return []  # cannot hold a KL term: not even parsed
     module, sinks = interpret(source, path, project, roles)
     verdicts = _verdicts(sinks, path)
     clear_caches()
@@ -99,18 +76,6 @@ def kl_sites(sinks: list[Sink], path: str) -> Iterator[KLSite]:
     for sink in _judged(sinks):
         for branch, loss in _alternatives(sink.value):
             yield from _sites(sink, branch, loss, kl_terms(loss), path)
-
-
-def _syntax_check(source: str, path: str) -> None:
-    try:
-        ast.parse(source, filename=path)
-    except SyntaxError as exc:
-        raise cst.ParserSyntaxError(
-            exc.msg,
-            lines=source.splitlines(keepends=True) or [""],
-            raw_line=exc.lineno or 1,
-            raw_column=max((exc.offset or 1) - 1, 0),
-        ) from None
 
 
 # --------------------------------------------------------------------- verdicts

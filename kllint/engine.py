@@ -28,6 +28,7 @@ from kllint.config import Settings
 from kllint.discovery import discover
 from kllint.findings import FileError, Finding, LintResult
 from kllint.notebook import Notebook, NotebookError, cell_key, is_notebook
+from kllint.prefilter import must_analyse
 from kllint.suppression import (
     is_suppressed,
     might_suppress,
@@ -118,6 +119,7 @@ def lint_paths(
         files.setdefault(os.path.abspath(path), path)  # `kllint . a.py` lints a.py once
 
     pending: list[_Source] = []
+    skipped: list[_Source] = []
     for path in files.values():
         source = _read(path, settings.for_path(path), result)
         if source is None:
@@ -126,6 +128,8 @@ def lint_paths(
         hit = cache.get(path, source.shown, source.digest) if cache and not keep_sites else None
         if hit is not None:
             _add(result, source, _Outcome(hit.findings, hit.error))
+        elif not keep_sites and not _may_hold_kl(source):
+            skipped.append(source)  # not parsed: it cannot hold a KL term
         else:
             pending.append(source)
 
@@ -135,6 +139,8 @@ def lint_paths(
             entry = Entry(outcome.findings, outcome.error, checked=True)
             cache.put(source.path, source.shown, source.digest, outcome.dependencies, entry)
 
+    for source in skipped:
+        record(source, _Outcome([]))
     if pending:
         # Imported here, once, before any worker is forked from this process.
         from kllint import driver  # noqa: F401
@@ -247,6 +253,11 @@ def _analyse_in_workers(
     )
 
 
+def _may_hold_kl(source: _Source) -> bool:
+    roles = source.settings.roles
+    return must_analyse(source.text, bool(roles.policy or roles.reference or roles.old))
+
+
 def _analyse_here(source: _Source, project: Project) -> _Outcome:
     depth = _nesting(source.text)
     if depth > MAX_NESTING:
@@ -266,15 +277,11 @@ def _analyse(source: _Source, project: Project) -> _Outcome:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             findings = check_source(text, shown, project, source.settings.roles)
-    except libcst.ParserSyntaxError:
+    except libcst.ParserSyntaxError as err:
         # LibCST's verdict is the one that counts: it knows the syntax of
-        # every Python version, where the prefilter's check of skipped files
-        # uses this Python's parser, which may be older than the code.
-        try:
-            libcst.parse_module(text)
-        except libcst.ParserSyntaxError as confirmed:
-            return _Outcome([], _syntax_error(shown, text, confirmed))
-        return _Outcome([])  # valid, and the prefilter found nothing to check
+        # every Python version, where this Python's own parser may be older
+        # than the code (a 3.12 f-string under 3.11).
+        return _Outcome([], _syntax_error(shown, text, err))
     except MemoryError:
         raise  # a worker reports it and is replaced
     except (RecursionError, OverflowError) as err:
