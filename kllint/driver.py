@@ -34,6 +34,7 @@ from kllint.prefilter import must_analyse
 from kllint.rules import RULES, Rule
 from kllint.rules.base import context_notes, facts
 
+
 def check_source(source: str, path: str, project: Project, roles: RolePatterns) -> list[Finding]:
     """All findings of every rule in one file. Raises ``libcst.ParserSyntaxError``
     when the file does not parse. ``path`` is the path as displayed."""

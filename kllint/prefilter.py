@@ -29,11 +29,7 @@ import re
 # Words naming the policy whose probabilities these are (the reference and
 # behaviour words of ``roles.REFERENCE_WORDS`` and ``roles.OLD_WORDS``, and
 # the current policy's): ``pi_ref``, ``ref_probs``, ``old_pi``.
-POLICY_WORDS = (
-    "ref refs reference base init initial sft teacher prior anchor frozen pretrained "
-    "old behav behaviour behavior rollout sampling sampled vllm prev previous mu "
-    "inference gen generation new cur curr current online student policy actor"
-).split()
+POLICY_WORDS = ["ref", "refs", "reference", "base", "init", "initial", "sft", "teacher", "prior", "anchor", "frozen", "pretrained", "old", "behav", "behaviour", "behavior", "rollout", "sampling", "sampled", "vllm", "prev", "previous", "mu", "inference", "gen", "generation", "new", "cur", "curr", "current", "online", "student", "policy", "actor"]
 
 # What a log of probabilities is taken of: a word for probabilities, a
 # softmax, a lone p or q, or the name of a policy (``torch.log(new / old)``).

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from kllint.config import load_settings
+from kllint.engine import lint_paths
 from kllint.prefilter import POLICY_WORDS, must_analyse
 from kllint.prefilter import may_hold_kl_term as may_hold_kl_site
-from kllint.engine import lint_paths
 
 
 def test_files_that_cannot_hold_a_kl_term_are_skipped() -> None:
