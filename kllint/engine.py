@@ -30,6 +30,7 @@ from kllint.findings import FileError, Finding, LintResult
 from kllint.notebook import Notebook, NotebookError, cell_key, is_notebook
 from kllint.prefilter import must_analyse
 from kllint.suppression import (
+    SuppressionComment,
     is_suppressed,
     might_suppress,
     parse_comments,
@@ -77,6 +78,8 @@ class _Outcome:
     internal: bool = False  # a bug in kllint, not bad input
     dependencies: list[str] = field(default_factory=list)  # files the analysis read
     cacheable: bool = True
+    # The file's suppression comments, from the cache; None: read them from its text.
+    comments: list[SuppressionComment] | None = None
 
 
 @dataclass
@@ -87,6 +90,8 @@ class _Source:
     digest: str  # of the file's bytes and of the settings its analysis depends on
     settings: Settings  # the file's own, from its nearest config file
     notebook: Notebook | None = None
+    status: os.stat_result | None = None  # taken before the file was read
+    content: str = ""  # the hash of the file's bytes
 
 
 def lint_paths(
@@ -120,23 +125,31 @@ def lint_paths(
 
     pending: list[_Source] = []
     skipped: list[_Source] = []
-    for path in files.values():
-        source = _read(path, settings.for_path(path), result)
+    use_cache = cache is not None and not keep_sites
+    for key, path in files.items():
+        here = settings.for_path(path)
+        if use_cache and _from_cache(cache, key, path, here, result):  # type: ignore[arg-type]
+            continue  # unchanged, and nothing reported: not even read
+        source = _read(path, here, result)
         if source is None:
             continue
         result.files_checked += 1
-        hit = cache.get(path, source.shown, source.digest) if cache and not keep_sites else None
+        hit = None
+        if use_cache:
+            assert cache is not None and source.status is not None
+            cache.remember(key, source.status, source.content)
+            hit = cache.get(path, source.shown, source.digest)
         if hit is not None:
-            _add(result, source, _Outcome(hit.findings, hit.error))
+            _add(result, source, _Outcome(hit.findings, hit.error, comments=hit.comments))
         elif not keep_sites and not _may_hold_kl(source):
             skipped.append(source)  # not parsed: it cannot hold a KL term
         else:
             pending.append(source)
 
     def record(source: _Source, outcome: _Outcome) -> None:
-        _add(result, source, outcome)
+        comments = _add(result, source, outcome)
         if cache is not None and outcome.cacheable and not outcome.internal:
-            entry = Entry(outcome.findings, outcome.error, checked=True)
+            entry = Entry(outcome.findings, outcome.error, checked=True, comments=comments)
             cache.put(source.path, source.shown, source.digest, outcome.dependencies, entry)
 
     for source in skipped:
@@ -152,8 +165,41 @@ def lint_paths(
             record(source, _analyse_here(source, project))
     elif pending:
         _analyse_in_workers(pending, roots, jobs, record)
+    if cache is not None:
+        cache.save()
     _sort(result)
     return result
+
+
+def _from_cache(cache: Cache, key: str, path: Path, settings: Settings, result: LintResult) -> bool:
+    """Report a file from the cache without reading it, when its status is
+    the one recorded with its content hash and nothing is reported in it
+    (findings need the text to be shown, a notebook to be mapped to cells)."""
+    if is_notebook(path):
+        return False
+    content = cache.known_hash(key)
+    if content is None:
+        return False
+    shown = display_path(path)
+    hit = cache.get(path, shown, f"{content}-{_roles_hash(settings)}")
+    if hit is None or hit.findings or not hit.checked:
+        return False
+    result.files_checked += 1
+    source = _Source(path, shown, "", "", settings)
+    _add(result, source, _Outcome([], hit.error, comments=hit.comments))
+    return True
+
+
+_ROLES_HASHES: dict[int, tuple[Settings, str]] = {}
+
+
+def _roles_hash(settings: Settings) -> str:
+    """The hash of the roles configured for a file: they change what its
+    analysis finds. Once per settings object."""
+    known = _ROLES_HASHES.get(id(settings))
+    if known is None or known[0] is not settings:
+        known = _ROLES_HASHES[id(settings)] = (settings, settings_hash(settings.roles))
+    return known[1]
 
 
 def lint_source(data: bytes, filename: str, settings: Settings | None = None) -> LintResult:
@@ -180,10 +226,11 @@ def _sort(result: LintResult) -> None:
     result.warnings.sort(key=lambda e: (e.path, e.cell or 0, e.line, e.column))
 
 
-def _add(result: LintResult, source: _Source, outcome: _Outcome) -> None:
+def _add(result: LintResult, source: _Source, outcome: _Outcome) -> list[SuppressionComment]:
     """What the analysis found, as the file's settings and comments let it be
-    reported. Here, not in the worker: the cache keeps what the analysis
-    found, so a changed ``select`` or ``noqa`` needs no new analysis."""
+    reported; returns the file's suppression comments. Here, not in the
+    worker: the cache keeps what the analysis found, so a changed ``select``
+    needs no new analysis."""
     notebook = source.notebook
     if outcome.error is not None:
         result.errors.append(notebook.relocate(outcome.error) if notebook else outcome.error)
@@ -192,8 +239,10 @@ def _add(result: LintResult, source: _Source, outcome: _Outcome) -> None:
     enabled = settings.select - settings.ignored_codes(source.path)
     findings = [f for f in outcome.findings if f.code in enabled]
     warnings: list[FileError] = []
-    if might_suppress(source.text):
-        comments = parse_comments(source.text)
+    comments = outcome.comments
+    if comments is None:
+        comments = parse_comments(source.text) if might_suppress(source.text) else []
+    if comments:
         warnings = stale_suppressions(comments, findings, enabled, source.shown)
         suppressions = suppression_table(comments)
         findings = [f for f in findings if not is_suppressed(f, suppressions)]
@@ -206,6 +255,7 @@ def _add(result: LintResult, source: _Source, outcome: _Outcome) -> None:
         result.sources[source.shown] = source.text
     result.findings.extend(findings)
     result.warnings.extend(warnings)
+    return comments
 
 
 def worker_count(files: int, jobs: int | None) -> int:
@@ -348,7 +398,10 @@ def _read(path: Path, settings: Settings, result: LintResult) -> _Source | None:
     except OSError as err:
         result.errors.append(FileError(shown, 1, 1, f"cannot read file: {err.strerror or err}"))
         return None
-    return _decoded(data, path, shown, settings, result)
+    source = _decoded(data, path, shown, settings, result)
+    if source is not None:
+        source.status = status
+    return source
 
 
 def _decoded(
@@ -376,8 +429,9 @@ def _decoded(
             return None
         text = notebook.code  # the code cells as one module; positions mapped back in _add
     # The roles configured for this file change what its analysis finds.
-    digest = f"{content_hash(data)}-{settings_hash(settings.roles)}"
-    return _Source(path, shown, text, digest, settings, notebook)
+    content = content_hash(data)
+    digest = f"{content}-{_roles_hash(settings)}"
+    return _Source(path, shown, text, digest, settings, notebook, content=content)
 
 
 def _decode(data: bytes) -> str:

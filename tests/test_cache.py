@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -126,16 +127,64 @@ def test_kllint_cache_dir_moves_the_cache(project: Path, monkeypatch: pytest.Mon
     assert not Path(CACHE_DIR_NAME).exists() and (project.parent / "elsewhere").is_dir()
 
 
-def test_a_corrupt_cache_is_ignored_and_rebuilt(project: Path) -> None:
+@pytest.mark.parametrize(
+    "damage",
+    [
+        '{"format": 2, "files": {',  # truncated
+        "\xff\xfe garbage",
+        json.dumps({"format": 2, "files": {}, "entries": "nonsense"}),
+        json.dumps({"format": 2, "files": {"a.py": [1]}, "entries": {}}),
+    ],
+)
+def test_a_corrupt_cache_is_ignored_and_rebuilt(project: Path, damage: str) -> None:
     cold, _ = run("pkg")
-    entries = sorted(Path(CACHE_DIR_NAME).glob("*/*.json"))
-    assert len(entries) == 5
-    entries[0].write_text('{"digest": ')  # truncated
-    entries[1].write_bytes(b"\xff\xfe garbage")
-    entries[2].write_text(json.dumps({"digest": 1, "findings": "nonsense"}))
+    [index] = Path(CACHE_DIR_NAME).glob("*/index.json")
+    index.write_text(damage, encoding="utf-8", errors="surrogateescape")
     output, analysed = run("pkg")
-    assert output == cold and len(analysed) == 3
+    assert output == cold and len(analysed) == 4
     assert run("pkg") == (cold, [])
+
+
+def test_a_corrupt_entry_is_analysed_again(project: Path) -> None:
+    cold, _ = run("pkg")
+    [index] = Path(CACHE_DIR_NAME).glob("*/index.json")
+    data = json.loads(index.read_text())
+    [train] = [key for key in data["entries"] if key.endswith("train.py")]
+    data["entries"][train]["findings"] = "nonsense"
+    index.write_text(json.dumps(data))
+    assert run("pkg") == (cold, ["train.py"])
+
+
+def test_a_warm_run_reads_only_files_with_findings(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Status unchanged: the cache knows the content without reading it.
+    old = time.time() - 60
+    for path in project.iterdir():
+        os.utime(path, (old, old))
+    cold, _ = run("pkg")
+    read: list[str] = []
+    real_read = engine._read
+
+    def logged_read(path: Path, *args: object) -> object:
+        read.append(path.name)
+        return real_read(path, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(engine, "_read", logged_read)
+    assert run("pkg") == (cold, [])
+    assert sorted(read) == ["rollout.py", "train.py"]  # their findings are shown with their code
+
+
+def test_a_change_that_keeps_size_and_mtime_is_still_seen(project: Path) -> None:
+    # The status includes the ctime, which any write moves and no tool sets back.
+    data = project / "data.py"
+    old = time.time() - 60
+    os.utime(data, (old, old))
+    run("pkg")
+    text = data.read_text()
+    data.write_text(text.replace("batch.sum()", "batch.max()"))  # same size
+    os.utime(data, (old, old))
+    assert run("pkg")[1] == ["data.py"]
 
 
 def test_a_read_only_cache_directory_is_not_an_error(project: Path) -> None:
@@ -148,7 +197,8 @@ def test_entries_are_written_whole_or_not_at_all(project: Path, tmp_path: Path) 
     settings = load_settings([project])
     cache = Cache(tmp_path / "cache", settings)
     result = engine.lint_paths([project], settings, cache=cache)
-    assert not list((tmp_path / "cache").rglob(".entry-*"))  # no temporary left behind
+    assert list((tmp_path / "cache").rglob("index.json"))
+    assert not list((tmp_path / "cache").rglob(".index-*"))  # no temporary left behind
     for entry in (tmp_path / "cache").rglob("*.json"):
         json.loads(entry.read_text())
     assert result.findings
