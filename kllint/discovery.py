@@ -39,8 +39,13 @@ def discover(
             where = Path(err.filename).as_posix() if err.filename else "?"
             errors.append(FileError(where, 1, 1, f"cannot read directory: {err.strerror or err}"))
 
+    by_directory: dict[Path, Settings] = {}
+
     def skipped(path: Path, is_dir: bool) -> bool:
-        here = settings.for_path(path.parent if not is_dir else path)
+        directory = path if is_dir else path.parent
+        here = by_directory.get(directory)
+        if here is None:  # every file of a directory has the same config file
+            here = by_directory[directory] = settings.for_path(directory)
         return here.is_excluded(path) or (
             here.respect_gitignore and gitignore.ignores(path, is_dir)
         )
