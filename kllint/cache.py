@@ -50,7 +50,7 @@ if TYPE_CHECKING:
 
 CACHE_DIR_NAME = ".kllint_cache"
 INDEX_NAME = "index.json"
-_FORMAT = 2
+_FORMAT = 3
 # A file modified this recently is hashed on every run: its status may not
 # change on a second write within the same timestamp tick.
 _RACY_S = 2.0
@@ -78,6 +78,10 @@ class Cache:
         self._index: dict[str, Any] | None = None
         self._files: dict[str, list[Any]] = {}  # path -> [size, mtime_ns, ctime_ns, inode, hash]
         self._entries: dict[str, dict[str, Any]] = {}
+        # Sets of dependencies, shared by the entries that read the same files
+        # (a package's helpers and config): each is checked once per run.
+        self._depsets: dict[str, dict[str, Any]] = {}
+        self._valid: dict[str, bool] = {}
         self._written: set[str] = set()  # entries and files this run added
         self._hashes: dict[str, str | None] = {}
         self._now = time.time()
@@ -110,9 +114,8 @@ class Cache:
             data = self._entries.get(_entry_key(path, shown))
             if data is None or data["digest"] != digest or data["shown"] != shown:
                 return None
-            for dependency, expected in data["deps"].items():
-                if self.hash_of(dependency) != expected:
-                    return None
+            if not self._unchanged(data["deps"]):
+                return None
             findings = [Finding(**item) for item in data["findings"]]
             error = FileError(**data["error"]) if data["error"] is not None else None
             comments = data["comments"]
@@ -124,6 +127,14 @@ class Cache:
             return Entry(findings, error, bool(data["checked"]), comments)
         except (ValueError, KeyError, TypeError, AttributeError):
             return None  # a corrupt entry: analysed again and rewritten
+
+    def _unchanged(self, depset: str) -> bool:
+        if depset not in self._valid:
+            dependencies = self._depsets.get(depset)
+            self._valid[depset] = isinstance(dependencies, dict) and all(
+                self.hash_of(path) == expected for path, expected in dependencies.items()
+            )
+        return self._valid[depset]
 
     def hash_of(self, path: str) -> str | None:
         """The content hash of ``path`` (None when it cannot be read), once per run."""
@@ -162,10 +173,13 @@ class Cache:
         self._load()
         own = os.path.abspath(path)
         key = _entry_key(path, shown)
+        read = {d: self.hash_of(d) for d in sorted(set(dependencies)) if d != own}
+        depset = hashlib.blake2b(json.dumps(read).encode(), digest_size=12).hexdigest()
+        self._depsets[depset] = read
         self._entries[key] = {
             "shown": shown,
             "digest": digest,
-            "deps": {d: self.hash_of(d) for d in sorted(set(dependencies)) if d != own},
+            "deps": depset,
             "findings": [
                 json.loads(json.dumps({k: getattr(f, k) for k in _FINDING_FIELDS}, default=_jsonable))
                 for f in entry.findings
@@ -190,14 +204,20 @@ class Cache:
             self._prepare()
             with _locked(self.directory / ".lock"):
                 current = _read_index(self.directory / INDEX_NAME)
-                files, entries = current["files"], current["entries"]
+                files, depsets, entries = current["files"], current["depsets"], current["entries"]
                 for item in self._written:
                     kind, key = item.split("\0", 1)
                     if kind == "file" and key in self._files:
                         files[key] = self._files[key]
                     elif kind == "entry":
                         entries[key] = self._entries[key]
-                text = json.dumps({"format": _FORMAT, "files": files, "entries": entries})
+                        depsets[entries[key]["deps"]] = self._depsets[entries[key]["deps"]]
+                # Dependency sets no entry uses any more (after edits) are dropped.
+                used = {entry.get("deps") for entry in entries.values()}
+                depsets = {k: v for k, v in depsets.items() if k in used}
+                text = json.dumps(
+                    {"format": _FORMAT, "files": files, "depsets": depsets, "entries": entries}
+                )
                 fd, temporary = tempfile.mkstemp(dir=self.directory, prefix=".index-", suffix=".tmp")
                 try:
                     with os.fdopen(fd, "w", encoding="utf-8") as f:
@@ -215,6 +235,7 @@ class Cache:
         if self._index is None:
             self._index = _read_index(self.directory / INDEX_NAME)
             self._files = self._index["files"]
+            self._depsets = self._index["depsets"]
             self._entries = self._index["entries"]
 
     def _prepare(self) -> None:
@@ -247,13 +268,14 @@ def _read_index(path: Path) -> dict[str, Any]:
             data.get("format") == _FORMAT
             and isinstance(data.get("files"), dict)
             and isinstance(data.get("entries"), dict)
+            and isinstance(data.get("depsets"), dict)
             and all(isinstance(v, list) and len(v) == 5 for v in data["files"].values())
             and all(isinstance(v, dict) for v in data["entries"].values())
         ):
             return data
     except (OSError, ValueError, AttributeError):
         pass
-    return {"format": _FORMAT, "files": {}, "entries": {}}
+    return {"format": _FORMAT, "files": {}, "depsets": {}, "entries": {}}
 
 
 @contextlib.contextmanager

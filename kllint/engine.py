@@ -376,9 +376,12 @@ def _why_missing(path: Path) -> str:
 def display_path(path: Path) -> str:
     """Relative to the working directory when under it, else as given.
     Control characters are escaped: a file name must not drive the terminal."""
-    try:
-        shown = Path(os.path.abspath(path)).relative_to(Path.cwd()).as_posix()
-    except ValueError:
+    absolute, cwd = os.path.abspath(path), os.getcwd()
+    if absolute == cwd:
+        shown = "."
+    elif absolute.startswith(cwd.rstrip(os.sep) + os.sep):
+        shown = Path(absolute[len(cwd.rstrip(os.sep)) + 1 :]).as_posix()
+    else:
         shown = path.as_posix()
     return _CONTROL.sub(lambda m: repr(m.group())[1:-1], shown)
 

@@ -130,10 +130,10 @@ def test_kllint_cache_dir_moves_the_cache(project: Path, monkeypatch: pytest.Mon
 @pytest.mark.parametrize(
     "damage",
     [
-        '{"format": 2, "files": {',  # truncated
+        '{"format": 3, "files": {',  # truncated
         "\xff\xfe garbage",
-        json.dumps({"format": 2, "files": {}, "entries": "nonsense"}),
-        json.dumps({"format": 2, "files": {"a.py": [1]}, "entries": {}}),
+        json.dumps({"format": 3, "files": {}, "depsets": {}, "entries": "nonsense"}),
+        json.dumps({"format": 3, "files": {"a.py": [1]}, "depsets": {}, "entries": {}}),
     ],
 )
 def test_a_corrupt_cache_is_ignored_and_rebuilt(project: Path, damage: str) -> None:
@@ -151,6 +151,7 @@ def test_a_corrupt_entry_is_analysed_again(project: Path) -> None:
     data = json.loads(index.read_text())
     [train] = [key for key in data["entries"] if key.endswith("train.py")]
     data["entries"][train]["findings"] = "nonsense"
+    data["depsets"]["gone"] = "nonsense"
     index.write_text(json.dumps(data))
     assert run("pkg") == (cold, ["train.py"])
 
