@@ -212,3 +212,31 @@ def test_concurrent_runs_share_the_cache(project: Path) -> None:
     outputs = {r.communicate(timeout=120)[0] for r in runs}
     assert len(outputs) == 1
     assert run("pkg") == (outputs.pop(), [])
+
+
+def test_a_fully_cached_run_never_imports_the_parser(project: Path) -> None:
+    # LibCST takes longer to import than a cached run takes: it is imported
+    # on first use, and a warm run with nothing to report has none.
+    (project / "train.py").write_text("def step(batch):\n    return batch\n")
+    (project / "rollout.py").unlink()
+    script = textwrap.dedent(
+        """\
+        import sys
+        from kllint.cli import main
+        sys.argv = ["kllint", "--format", "concise", "--exit-zero", "pkg"]
+        try:
+            main()
+        except SystemExit:
+            pass
+        print("parser imported:", "libcst._nodes" in sys.modules)
+        """
+    )
+    env = {k: v for k, v in os.environ.items() if k != "KLLINT_TEST_ANALYSED"}
+
+    def parser_imported() -> str:
+        command = [sys.executable, "-c", script]
+        output = subprocess.run(command, capture_output=True, text=True, env=env, check=True)
+        return output.stdout.splitlines()[-1]
+
+    assert parser_imported() == "parser imported: True"  # cold: estimates.py is analysed
+    assert parser_imported() == "parser imported: False"
