@@ -14,12 +14,14 @@ import os
 import stat
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-
-import pathspec
+from typing import TYPE_CHECKING
 
 from kllint.config import Settings
 from kllint.findings import FileError
 from kllint.notebook import SUFFIX as NOTEBOOK_SUFFIX
+
+if TYPE_CHECKING:
+    import pathspec
 
 # Never descended into (besides hidden directories); a path named on the
 # command line is linted even when it is one of these.
@@ -132,5 +134,10 @@ class GitIgnore:
                     lines += source.read_text(encoding="utf-8", errors="replace").splitlines()
                 except OSError:
                     continue  # absent or unreadable: ignores nothing
-            self._specs[directory] = pathspec.GitIgnoreSpec.from_lines(lines) if lines else None
+            if lines:
+                import pathspec  # only where there is a .gitignore to read
+
+                self._specs[directory] = pathspec.GitIgnoreSpec.from_lines(lines)
+            else:
+                self._specs[directory] = None
         return self._specs[directory]

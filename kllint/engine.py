@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kllint import workers
 from kllint.cache import Cache, Entry, content_hash, settings_hash
 from kllint.config import Settings
 from kllint.discovery import discover
@@ -41,6 +40,7 @@ from kllint.suppression import (
 if TYPE_CHECKING:
     import libcst
 
+    from kllint import workers
     from kllint.analysis.project import Project
 
 COULD_NOT_ANALYSE = "E998"
@@ -266,6 +266,8 @@ def _add(result: LintResult, source: _Source, outcome: _Outcome) -> list[Suppres
 def worker_count(work_bytes: int, jobs: int | None) -> int:
     """Never more workers than usable CPUs (cgroup quota included), nor than
     the source to analyse keeps busy: a small tree stays in one worker."""
+    from kllint import workers  # multiprocessing: imported only when something is analysed
+
     cpus = workers.usable_cpus()
     return max(1, min(jobs or cpus, cpus, work_bytes // PARALLEL_MIN_BYTES))
 
@@ -276,6 +278,8 @@ def _analyse_in_workers(
     jobs: int | None,
     record: Any,
 ) -> None:
+    from kllint import workers
+
     def start() -> Any:
         # In the worker: a deep (valid) expression needs a deep recursion; a
         # crash of the interpreter's stack is isolated here.

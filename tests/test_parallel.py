@@ -29,7 +29,9 @@ def test_parallel_run_reports_what_a_serial_run_reports(monkeypatch: pytest.Monk
 
 
 def test_workers_follow_the_work_not_the_file_count(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(engine.workers, "usable_cpus", lambda: 8)
+    from kllint import workers
+
+    monkeypatch.setattr(workers, "usable_cpus", lambda: 8)
     assert engine.worker_count(100 << 10, None) == 1  # 100 KB to analyse: one worker
     assert engine.worker_count(2 * engine.PARALLEL_MIN_BYTES, None) == 2
     assert engine.worker_count(1 << 30, None) == 8
