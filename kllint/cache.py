@@ -171,9 +171,10 @@ class Cache:
         self, path: Path, shown: str, digest: str, dependencies: Iterable[str], entry: Entry
     ) -> None:
         self._load()
-        own = os.path.abspath(path)
         key = _entry_key(path, shown)
-        read = {d: self.hash_of(d) for d in sorted(set(dependencies)) if d != own}
+        # The file itself may be among them (its hash is in ``digest`` too):
+        # kept, so that the files of one package share one set.
+        read = {d: self.hash_of(d) for d in sorted(set(dependencies))}
         depset = hashlib.blake2b(json.dumps(read).encode(), digest_size=12).hexdigest()
         self._depsets[depset] = read
         self._entries[key] = {

@@ -41,15 +41,21 @@ def discover(
             where = Path(err.filename).as_posix() if err.filename else "?"
             errors.append(FileError(where, 1, 1, f"cannot read directory: {err.strerror or err}"))
 
-    by_directory: dict[Path, Settings] = {}
+    # Per directory: its settings (every file of a directory has the same
+    # config file) and whether it is inside a git work tree.
+    by_directory: dict[Path, tuple[Settings, bool]] = {}
 
     def skipped(path: Path, is_dir: bool) -> bool:
         directory = path if is_dir else path.parent
-        here = by_directory.get(directory)
-        if here is None:  # every file of a directory has the same config file
-            here = by_directory[directory] = settings.for_path(directory)
+        known = by_directory.get(directory)
+        if known is None:
+            known = by_directory[directory] = (
+                settings.for_path(directory),
+                gitignore.in_work_tree(directory),
+            )
+        here, in_work_tree = known
         return here.is_excluded(path) or (
-            here.respect_gitignore and gitignore.ignores(path, is_dir)
+            here.respect_gitignore and in_work_tree and gitignore.ignores(path, is_dir)
         )
 
     for path in paths:
@@ -73,15 +79,15 @@ def discover(
                 # Regular files only: a FIFO named ``x.py`` would block the read forever.
                 if (
                     name.endswith(SUFFIXES)
-                    and _is_regular(here / name)
+                    and _is_regular(os.path.join(directory, name))
                     and not skipped(here / name, is_dir=False)
                 ):
                     yield here / name
 
 
-def _is_regular(path: Path) -> bool:
+def _is_regular(path: str | Path) -> bool:
     try:
-        return stat.S_ISREG(path.stat().st_mode)
+        return stat.S_ISREG(os.stat(path).st_mode)
     except OSError:
         return False
 
@@ -112,6 +118,9 @@ class GitIgnore:
             if directory == root:
                 return False
             directory = directory.parent
+
+    def in_work_tree(self, directory: Path) -> bool:
+        return self._root(Path(os.path.abspath(directory))) is not None
 
     def _root(self, directory: Path) -> Path | None:
         if directory not in self._roots:
