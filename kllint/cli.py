@@ -168,7 +168,7 @@ def main() -> None:
     "-j",
     type=click.IntRange(min=1),
     default=None,
-    help="Worker processes for large trees (default: one per CPU; 1 to stay in one process).",
+    help="Worker processes (default: one per idle CPU, as the work needs; a small tree gets one).",
 )
 @click.option(
     "--no-cache",
