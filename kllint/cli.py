@@ -16,7 +16,10 @@ from typing import NoReturn
 
 import click
 
-from kllint import __version__
+# ``deferred`` first, before anything imports the analysis: a run answered
+# from the cache never parses, and LibCST takes longer to import than such a
+# run takes.
+from kllint import __version__, deferred  # noqa: F401
 from kllint.cache import Cache
 from kllint.config import ConfigError, Settings, describe_settings, load_settings
 from kllint.discovery import discover
@@ -165,7 +168,7 @@ def main() -> None:
     "-j",
     type=click.IntRange(min=1),
     default=None,
-    help="Worker processes for large trees (default: one per CPU; 1 to stay in one process).",
+    help="Worker processes (default: one per idle CPU, as the work needs; a small tree gets one).",
 )
 @click.option(
     "--no-cache",

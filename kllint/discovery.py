@@ -14,12 +14,14 @@ import os
 import stat
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-
-import pathspec
+from typing import TYPE_CHECKING
 
 from kllint.config import Settings
 from kllint.findings import FileError
 from kllint.notebook import SUFFIX as NOTEBOOK_SUFFIX
+
+if TYPE_CHECKING:
+    import pathspec
 
 # Never descended into (besides hidden directories); a path named on the
 # command line is linted even when it is one of these.
@@ -39,10 +41,21 @@ def discover(
             where = Path(err.filename).as_posix() if err.filename else "?"
             errors.append(FileError(where, 1, 1, f"cannot read directory: {err.strerror or err}"))
 
+    # Per directory: its settings (every file of a directory has the same
+    # config file) and whether it is inside a git work tree.
+    by_directory: dict[Path, tuple[Settings, bool]] = {}
+
     def skipped(path: Path, is_dir: bool) -> bool:
-        here = settings.for_path(path.parent if not is_dir else path)
+        directory = path if is_dir else path.parent
+        known = by_directory.get(directory)
+        if known is None:
+            known = by_directory[directory] = (
+                settings.for_path(directory),
+                gitignore.in_work_tree(directory),
+            )
+        here, in_work_tree = known
         return here.is_excluded(path) or (
-            here.respect_gitignore and gitignore.ignores(path, is_dir)
+            here.respect_gitignore and in_work_tree and gitignore.ignores(path, is_dir)
         )
 
     for path in paths:
@@ -66,15 +79,15 @@ def discover(
                 # Regular files only: a FIFO named ``x.py`` would block the read forever.
                 if (
                     name.endswith(SUFFIXES)
-                    and _is_regular(here / name)
+                    and _is_regular(os.path.join(directory, name))
                     and not skipped(here / name, is_dir=False)
                 ):
                     yield here / name
 
 
-def _is_regular(path: Path) -> bool:
+def _is_regular(path: str | Path) -> bool:
     try:
-        return stat.S_ISREG(path.stat().st_mode)
+        return stat.S_ISREG(os.stat(path).st_mode)
     except OSError:
         return False
 
@@ -106,6 +119,9 @@ class GitIgnore:
                 return False
             directory = directory.parent
 
+    def in_work_tree(self, directory: Path) -> bool:
+        return self._root(Path(os.path.abspath(directory))) is not None
+
     def _root(self, directory: Path) -> Path | None:
         if directory not in self._roots:
             if (directory / ".git").exists():
@@ -127,5 +143,10 @@ class GitIgnore:
                     lines += source.read_text(encoding="utf-8", errors="replace").splitlines()
                 except OSError:
                     continue  # absent or unreadable: ignores nothing
-            self._specs[directory] = pathspec.GitIgnoreSpec.from_lines(lines) if lines else None
+            if lines:
+                import pathspec  # only where there is a .gitignore to read
+
+                self._specs[directory] = pathspec.GitIgnoreSpec.from_lines(lines)
+            else:
+                self._specs[directory] = None
         return self._specs[directory]

@@ -8,7 +8,6 @@ rules (``kllint.rules``): rules judge sites, the driver reports."""
 
 from __future__ import annotations
 
-import ast
 import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
@@ -31,34 +30,15 @@ from kllint.analysis.project import Project
 from kllint.analysis.roles import (
     RolePatterns,
     may_compute_kl,
-    names_reference_logprob,
     relevant_identifier,
     sketch_may_compute_kl,
 )
 from kllint.analysis.sites import KLSite, build_site, focus_of, kl_terms
 from kllint.analysis.values import Choice, common_condition, show_condition
 from kllint.findings import Finding
+from kllint.prefilter import must_analyse
 from kllint.rules import RULES, Rule
 from kllint.rules.base import context_notes, facts
-
-# A file can only hold a KL site if it has a loss (or a backward pass) and
-# either says "KL" or names a log-prob of a reference policy in one
-# identifier (``ref_log_probs``, ``base_action_log_probs``, ``pi_ref``):
-# 6-25% of an RL framework's files, under 1% of torch's. The rest are only
-# checked for syntax with the C parser, ten times faster than LibCST.
-# Helpers such files define are still parsed, lazily, when a linted file
-# calls them.
-_PREFILTER_LOSS = re.compile(r"loss|backward|objective|training_step", re.IGNORECASE)
-_PREFILTER_KL = re.compile(r"(?<![A-Za-z])(?:kl|KL|Kl)(?![a-z])")
-_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
-
-def may_hold_kl_site(source: str) -> bool:
-    if not _PREFILTER_LOSS.search(source):
-        return False
-    if _PREFILTER_KL.search(source):
-        return True
-    return any(names_reference_logprob(i) for i in set(_IDENTIFIER.findall(source)))
 
 
 def check_source(
@@ -69,10 +49,8 @@ def check_source(
     ``whole``: parse the whole file with LibCST, so that every node of a
     finding belongs to one tree (the fixer rewrites that tree); otherwise
     only the functions that can compute a KL term are parsed."""
-    configured = roles.policy or roles.reference or roles.old
-    if not configured and not may_hold_kl_site(source):
-        _syntax_check(source, path)
-        return []
+    if not must_analyse(source, bool(roles.policy or roles.reference or roles.old)):
+        return []  # cannot hold a KL term: not even parsed
     module, sinks = interpret(source, path, project, roles, whole=whole)
     verdicts = _verdicts(sinks, path)
     clear_caches()
@@ -117,24 +95,15 @@ def _top_level_matters(text: str) -> bool:
     return any(relevant_identifier(i) for i in set(_IDENTIFIER.findall(text)))
 
 
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
 def kl_sites(sinks: list[Sink], path: str) -> Iterator[KLSite]:
     """Every KL site of the sinks, as the rules see them, correct or not
     (``--fix`` confirms a rewritten expression from these)."""
     for sink in _judged(sinks):
         for branch, loss in _alternatives(sink.value):
             yield from _sites(sink, branch, loss, kl_terms(loss), path)
-
-
-def _syntax_check(source: str, path: str) -> None:
-    try:
-        ast.parse(source, filename=path)
-    except SyntaxError as exc:
-        raise cst.ParserSyntaxError(
-            exc.msg,
-            lines=source.splitlines(keepends=True) or [""],
-            raw_line=exc.lineno or 1,
-            raw_column=max((exc.offset or 1) - 1, 0),
-        ) from None
 
 
 # --------------------------------------------------------------------- verdicts

@@ -22,13 +22,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kllint import workers
 from kllint.cache import Cache, Entry, content_hash, settings_hash
 from kllint.config import Settings
 from kllint.discovery import discover
 from kllint.findings import FileError, Finding, LintResult
 from kllint.notebook import Notebook, NotebookError, cell_key, is_notebook
+from kllint.prefilter import must_analyse
 from kllint.suppression import (
+    SuppressionComment,
     is_suppressed,
     might_suppress,
     parse_comments,
@@ -39,6 +40,7 @@ from kllint.suppression import (
 if TYPE_CHECKING:
     import libcst
 
+    from kllint import workers
     from kllint.analysis.project import Project
 
 COULD_NOT_ANALYSE = "E998"
@@ -62,9 +64,10 @@ class MissingPathError(Exception):
     """A path named on the command line does not exist."""
 
 
-# Below this many files to analyse per worker, another worker costs more
-# (process start, its own index of the project) than it saves.
-PARALLEL_MIN_FILES = 24
+# Below this much source to analyse per worker, another worker costs more
+# (its start, its own index of the project and its own parse of the helpers
+# every file calls) than it saves: about 5 s of analysis on one core.
+PARALLEL_MIN_BYTES = 512 << 10
 
 
 @dataclass
@@ -76,6 +79,8 @@ class _Outcome:
     internal: bool = False  # a bug in kllint, not bad input
     dependencies: list[str] = field(default_factory=list)  # files the analysis read
     cacheable: bool = True
+    # The file's suppression comments, from the cache; None: read them from its text.
+    comments: list[SuppressionComment] | None = None
 
 
 @dataclass
@@ -86,6 +91,8 @@ class _Source:
     digest: str  # of the file's bytes and of the settings its analysis depends on
     settings: Settings  # the file's own, from its nearest config file
     notebook: Notebook | None = None
+    status: os.stat_result | None = None  # taken before the file was read
+    content: str = ""  # the hash of the file's bytes
 
 
 def lint_paths(
@@ -118,23 +125,40 @@ def lint_paths(
         files.setdefault(os.path.abspath(path), path)  # `kllint . a.py` lints a.py once
 
     pending: list[_Source] = []
-    for path in files.values():
-        source = _read(path, settings.for_path(path), result)
+    skipped: list[_Source] = []
+    use_cache = cache is not None and not keep_sites
+    by_directory: dict[str, Settings] = {}
+    for key, path in files.items():
+        directory = os.path.dirname(key)
+        here = by_directory.get(directory)
+        if here is None:  # the files of a directory share their config file
+            here = by_directory[directory] = settings.for_path(path)
+        if use_cache and _from_cache(cache, key, path, here, result):  # type: ignore[arg-type]
+            continue  # unchanged, and nothing reported: not even read
+        source = _read(path, here, result)
         if source is None:
             continue
         result.files_checked += 1
-        hit = cache.get(path, source.shown, source.digest) if cache and not keep_sites else None
+        hit = None
+        if use_cache:
+            assert cache is not None and source.status is not None
+            cache.remember(key, source.status, source.content)
+            hit = cache.get(path, source.shown, source.digest)
         if hit is not None:
-            _add(result, source, _Outcome(hit.findings, hit.error))
+            _add(result, source, _Outcome(hit.findings, hit.error, comments=hit.comments))
+        elif not keep_sites and not _may_hold_kl(source):
+            skipped.append(source)  # not parsed: it cannot hold a KL term
         else:
             pending.append(source)
 
     def record(source: _Source, outcome: _Outcome) -> None:
-        _add(result, source, outcome)
+        comments = _add(result, source, outcome)
         if cache is not None and outcome.cacheable and not outcome.internal:
-            entry = Entry(outcome.findings, outcome.error, checked=True)
+            entry = Entry(outcome.findings, outcome.error, checked=True, comments=comments)
             cache.put(source.path, source.shown, source.digest, outcome.dependencies, entry)
 
+    for source in skipped:
+        record(source, _Outcome([]))
     if pending:
         # Imported here, once, before any worker is forked from this process.
         from kllint import driver  # noqa: F401
@@ -146,8 +170,41 @@ def lint_paths(
             record(source, _analyse_here(source, project))
     elif pending:
         _analyse_in_workers(pending, roots, jobs, record)
+    if cache is not None:
+        cache.save()
     _sort(result)
     return result
+
+
+def _from_cache(cache: Cache, key: str, path: Path, settings: Settings, result: LintResult) -> bool:
+    """Report a file from the cache without reading it, when its status is
+    the one recorded with its content hash and nothing is reported in it
+    (findings need the text to be shown, a notebook to be mapped to cells)."""
+    if is_notebook(path):
+        return False
+    content = cache.known_hash(key)
+    if content is None:
+        return False
+    shown = display_path(path)
+    hit = cache.get(path, shown, f"{content}-{_roles_hash(settings)}")
+    if hit is None or hit.findings or not hit.checked:
+        return False
+    result.files_checked += 1
+    source = _Source(path, shown, "", "", settings)
+    _add(result, source, _Outcome([], hit.error, comments=hit.comments))
+    return True
+
+
+_ROLES_HASHES: dict[int, tuple[Settings, str]] = {}
+
+
+def _roles_hash(settings: Settings) -> str:
+    """The hash of the roles configured for a file: they change what its
+    analysis finds. Once per settings object."""
+    known = _ROLES_HASHES.get(id(settings))
+    if known is None or known[0] is not settings:
+        known = _ROLES_HASHES[id(settings)] = (settings, settings_hash(settings.roles))
+    return known[1]
 
 
 def lint_source(data: bytes, filename: str, settings: Settings | None = None) -> LintResult:
@@ -174,10 +231,11 @@ def _sort(result: LintResult) -> None:
     result.warnings.sort(key=lambda e: (e.path, e.cell or 0, e.line, e.column))
 
 
-def _add(result: LintResult, source: _Source, outcome: _Outcome) -> None:
+def _add(result: LintResult, source: _Source, outcome: _Outcome) -> list[SuppressionComment]:
     """What the analysis found, as the file's settings and comments let it be
-    reported. Here, not in the worker: the cache keeps what the analysis
-    found, so a changed ``select`` or ``noqa`` needs no new analysis."""
+    reported; returns the file's suppression comments. Here, not in the
+    worker: the cache keeps what the analysis found, so a changed ``select``
+    needs no new analysis."""
     notebook = source.notebook
     if outcome.error is not None:
         result.errors.append(notebook.relocate(outcome.error) if notebook else outcome.error)
@@ -186,8 +244,10 @@ def _add(result: LintResult, source: _Source, outcome: _Outcome) -> None:
     enabled = settings.select - settings.ignored_codes(source.path)
     findings = [f for f in outcome.findings if f.code in enabled]
     warnings: list[FileError] = []
-    if might_suppress(source.text):
-        comments = parse_comments(source.text)
+    comments = outcome.comments
+    if comments is None:
+        comments = parse_comments(source.text) if might_suppress(source.text) else []
+    if comments:
         warnings = stale_suppressions(comments, findings, enabled, source.shown)
         suppressions = suppression_table(comments)
         findings = [f for f in findings if not is_suppressed(f, suppressions)]
@@ -200,13 +260,18 @@ def _add(result: LintResult, source: _Source, outcome: _Outcome) -> None:
         result.sources[source.shown] = source.text
     result.findings.extend(findings)
     result.warnings.extend(warnings)
+    return comments
 
 
-def worker_count(files: int, jobs: int | None) -> int:
-    """Never more workers than usable CPUs, nor than the files keep busy."""
-    return max(
-        1, min(jobs or workers.usable_cpus(), workers.usable_cpus(), files // PARALLEL_MIN_FILES)
-    )
+def worker_count(work_bytes: int, jobs: int | None) -> int:
+    """Never more workers than usable CPUs (cgroup quota included), nor than
+    the source to analyse keeps busy: a small tree stays in one worker.
+    Without ``--jobs``, only the CPUs other processes leave idle count."""
+    from kllint import workers  # multiprocessing: imported only when something is analysed
+
+    cpus = workers.usable_cpus()
+    wanted = jobs or workers.spare_cpus()
+    return max(1, min(wanted, cpus, work_bytes // PARALLEL_MIN_BYTES))
 
 
 def _analyse_in_workers(
@@ -215,6 +280,8 @@ def _analyse_in_workers(
     jobs: int | None,
     record: Any,
 ) -> None:
+    from kllint import workers
+
     def start() -> Any:
         # In the worker: a deep (valid) expression needs a deep recursion; a
         # crash of the interpreter's stack is isolated here.
@@ -237,14 +304,22 @@ def _analyse_in_workers(
         error = FileError(source.shown, 1, 1, message, code=COULD_NOT_ANALYSE)
         record(source, _Outcome([], error, cacheable=False))
 
-    tasks = [workers.Task(i, i) for i in range(len(pending))]
+    # Largest first: the longest analyses start early, the short ones fill in.
+    sizes = [len(source.text) for source in pending]
+    order = sorted(range(len(pending)), key=lambda i: -sizes[i])
+    tasks = [workers.Task(i, i) for i in order]
     workers.run(
         tasks,
-        worker_count(len(pending), jobs),
+        worker_count(sum(sizes), jobs),
         start,
         lambda index, outcome: record(pending[index], outcome),
         failed,
     )
+
+
+def _may_hold_kl(source: _Source) -> bool:
+    roles = source.settings.roles
+    return must_analyse(source.text, bool(roles.policy or roles.reference or roles.old))
 
 
 def _analyse_here(source: _Source, project: Project) -> _Outcome:
@@ -266,15 +341,11 @@ def _analyse(source: _Source, project: Project) -> _Outcome:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             findings = check_source(text, shown, project, source.settings.roles)
-    except libcst.ParserSyntaxError:
+    except libcst.ParserSyntaxError as err:
         # LibCST's verdict is the one that counts: it knows the syntax of
-        # every Python version, where the prefilter's check of skipped files
-        # uses this Python's parser, which may be older than the code.
-        try:
-            libcst.parse_module(text)
-        except libcst.ParserSyntaxError as confirmed:
-            return _Outcome([], _syntax_error(shown, text, confirmed))
-        return _Outcome([])  # valid, and the prefilter found nothing to check
+        # every Python version, where this Python's own parser may be older
+        # than the code (a 3.12 f-string under 3.11).
+        return _Outcome([], _syntax_error(shown, text, err))
     except MemoryError:
         raise  # a worker reports it and is replaced
     except (RecursionError, OverflowError) as err:
@@ -311,9 +382,12 @@ def _why_missing(path: Path) -> str:
 def display_path(path: Path) -> str:
     """Relative to the working directory when under it, else as given.
     Control characters are escaped: a file name must not drive the terminal."""
-    try:
-        shown = Path(os.path.abspath(path)).relative_to(Path.cwd()).as_posix()
-    except ValueError:
+    absolute, cwd = os.path.abspath(path), os.getcwd()
+    if absolute == cwd:
+        shown = "."
+    elif absolute.startswith(cwd.rstrip(os.sep) + os.sep):
+        shown = Path(absolute[len(cwd.rstrip(os.sep)) + 1 :]).as_posix()
+    else:
         shown = path.as_posix()
     return _CONTROL.sub(lambda m: repr(m.group())[1:-1], shown)
 
@@ -341,7 +415,10 @@ def _read(path: Path, settings: Settings, result: LintResult) -> _Source | None:
     except OSError as err:
         result.errors.append(FileError(shown, 1, 1, f"cannot read file: {err.strerror or err}"))
         return None
-    return _decoded(data, path, shown, settings, result)
+    source = _decoded(data, path, shown, settings, result)
+    if source is not None:
+        source.status = status
+    return source
 
 
 def _decoded(
@@ -369,8 +446,9 @@ def _decoded(
             return None
         text = notebook.code  # the code cells as one module; positions mapped back in _add
     # The roles configured for this file change what its analysis finds.
-    digest = f"{content_hash(data)}-{settings_hash(settings.roles)}"
-    return _Source(path, shown, text, digest, settings, notebook)
+    content = content_hash(data)
+    digest = f"{content}-{_roles_hash(settings)}"
+    return _Source(path, shown, text, digest, settings, notebook, content=content)
 
 
 def _decode(data: bytes) -> str:

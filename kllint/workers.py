@@ -72,6 +72,19 @@ def usable_cpus() -> int:
     return max(1, cpus)
 
 
+def spare_cpus() -> int:
+    """Usable CPUs that other processes are not already keeping busy (by the
+    one-minute load average): on a shared machine or a busy CI runner, a
+    second worker would only repeat the first one's project index and helper
+    parsing on a core that is not free."""
+    cpus = usable_cpus()
+    try:
+        busy = int(os.getloadavg()[0])
+    except (AttributeError, OSError):  # not on every OS
+        return cpus
+    return max(1, min(cpus, cpus - busy))
+
+
 def run(
     tasks: Sequence[Task],
     workers: int,
@@ -83,12 +96,11 @@ def run(
     processes, where ``analyse = start()`` is built once per worker (its
     project index). Results and failures are passed back as they come.
 
-    Each worker takes a contiguous run of the tasks (a package's files share
-    helpers, parsed once per worker) and, when done, takes over the tail of
-    the longest remaining run."""
+    Tasks are handed out in the order given, each to the next worker free:
+    given the largest files first, the workers finish together."""
     context = multiprocessing.get_context("fork" if sys.platform != "win32" else "spawn")
-    size = -(-len(tasks) // max(1, workers))
-    queues = [deque(tasks[i : i + size]) for i in range(0, len(tasks), size)]
+    queue = deque(tasks)
+    queues = [queue] * max(1, min(workers, len(tasks)))  # one queue, shared
     pool = [_Worker(context, start) for _ in queues]
     try:
         _drive(pool, queues, start, context, on_result, on_failure)
@@ -106,10 +118,7 @@ def _drive(
     on_failure: Callable[[Failure], None],
 ) -> None:
     def next_task(slot: int) -> Task | None:
-        if queues[slot]:
-            return queues[slot].popleft()
-        longest = max(queues, key=len)
-        return longest.pop() if longest else None
+        return queues[slot].popleft() if queues[slot] else None
 
     for slot, worker in enumerate(pool):
         task = next_task(slot)

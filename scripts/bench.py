@@ -2,10 +2,11 @@
 
     python scripts/bench.py [--dir ~/.cache/kllint-bench] [--runs 3] [--jobs N]
 
-Downloads trl 1.16.0, verl 0.9.1, OpenRLHF 0.11.2 and transformers 4.57.1
+Downloads trl 1.16.0, verl 0.9.1, OpenRLHF 0.11.2 and transformers 5.24.0
 (``pip download --no-deps``, wheels unpacked into ``--dir``, outside the
-repository) and prints, for the three RL frameworks together and for
-transformers:
+repository; OpenRLHF's package sits in the wheel's ``.data/purelib``) and
+prints, for the three RL frameworks together and for transformers, the files
+and the files the prefilter keeps for analysis, then:
 
 - kllint cold: a fresh process and an empty cache, as CI's first run;
 - kllint warm: the same command again, every result from the cache;
@@ -15,7 +16,10 @@ transformers:
 Each run measures the three back to back (paired: shared machines are
 noisy), and the table shows medians over runs, the ratios to the parse, and
 the peak memory of each (``wait4``'s ``ru_maxrss``: the largest resident set
-among the process and the workers it waited for). This is a benchmark to read, not a timed test.
+among the process and the workers it waited for). kllint's own modules are
+compiled to bytecode once before timing, as in an installed package, even
+where ``PYTHONDONTWRITEBYTECODE`` is set. This is a benchmark to read, not a
+timed test.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ RELEASES = {
     "trl": ("trl==1.16.0", "trl"),
     "verl": ("verl==0.9.1", "verl"),
     "openrlhf": ("openrlhf==0.11.2", "openrlhf"),
-    "transformers": ("transformers==4.57.1", "transformers"),
+    "transformers": ("transformers==5.24.0", "transformers"),
 }
 GROUPS = {
     "RL frameworks (trl+verl+openrlhf)": ["trl", "verl", "openrlhf"],
@@ -74,6 +78,7 @@ def fetch(directory: Path) -> dict[str, Path]:
             ]
             with zipfile.ZipFile(wheel) as archive:
                 archive.extractall(unpacked)
+        # The shallowest package folder: ``openrlhf-0.11.2.data/purelib/openrlhf`` too.
         found = sorted(unpacked.rglob(f"{package}/__init__.py"), key=lambda p: len(p.parts))
         if not found:
             raise SystemExit(f"bench: no {package}/ package in {unpacked}")
@@ -125,8 +130,14 @@ def main() -> int:
         parse_only(args.parse_only)
         return 0
     folders = fetch(args.dir.expanduser())
+    environment = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    compile_kllint = "import compileall, os, kllint; compileall.compile_dir(os.path.dirname(kllint.__file__), quiet=1)"
+    subprocess.run([sys.executable, "-c", compile_kllint], env=environment, check=True)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from kllint.prefilter import may_hold_kl_term
+
     header = (
-        f"{'':36} {'files':>5} {'lines':>7} | {'cold':>6} {'warm':>6} {'parse':>6} | "
+        f"{'':36} {'files':>5} {'kept':>5} {'lines':>7} | {'cold':>6} {'warm':>6} {'parse':>6} | "
         f"{'cold/parse':>10} {'warm/parse':>10} | {'peak MB cold':>12} {'parse':>6}"
     )
     print(f"medians of {args.runs} paired runs; kllint --jobs {args.jobs or 'default'}")
@@ -137,14 +148,16 @@ def main() -> int:
             continue
         paths = [str(folders[n]) for n in names]
         files = [f for p in paths for f in Path(p).rglob("*.py")]
-        lines = sum(f.read_bytes().count(b"\n") for f in files)
+        texts = [f.read_bytes().decode("utf-8", "replace") for f in files]
+        lines = sum(t.count("\n") for t in texts)
+        kept = sum(may_hold_kl_term(t) for t in texts)
         kllint = [sys.executable, "-m", "kllint", "--format", "concise", "--exit-zero", *paths]
         if args.jobs:
             kllint += ["--jobs", str(args.jobs)]
         rows = []
         for _ in range(args.runs):
             cache = tempfile.mkdtemp(prefix="kllint-bench-cache-")
-            env = {**os.environ, "KLLINT_CACHE_DIR": cache}
+            env = {**environment, "KLLINT_CACHE_DIR": cache}
             try:
                 cold = measure(kllint, env)
                 warm = measure(kllint, env)
@@ -155,7 +168,7 @@ def main() -> int:
         med = statistics.median
         cold_s, warm_s, parse_s = (med(r[i][0] for r in rows) for i in range(3))
         print(
-            f"{label:36} {len(files):>5} {lines:>7} | {cold_s:>5.2f}s {warm_s:>5.2f}s {parse_s:>5.2f}s | "
+            f"{label:36} {len(files):>5} {kept:>5} {lines:>7} | {cold_s:>5.2f}s {warm_s:>5.2f}s {parse_s:>5.2f}s | "
             f"{med(r[0][0] / r[2][0] for r in rows):>10.2f} {med(r[1][0] / r[2][0] for r in rows):>10.2f} | "
             f"{max(r[0][1] for r in rows):>12.0f} {max(r[2][1] for r in rows):>6.0f}"
         )

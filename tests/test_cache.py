@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -76,7 +77,7 @@ def run(*args: str) -> tuple[str, list[str]]:
 
 def test_a_warm_run_reports_the_same_without_analysing(project: Path) -> None:
     cold, analysed = run("pkg")
-    assert analysed == ["__init__.py", "data.py", "estimates.py", "rollout.py", "train.py"]
+    assert analysed == ["data.py", "estimates.py", "rollout.py", "train.py"]
     assert "pkg/train.py:5:15: KL002" in cold
     warm, analysed = run("pkg")
     assert (warm, analysed) == (cold, [])
@@ -112,7 +113,7 @@ def test_editing_a_file_reanalyses_only_that_file(project: Path) -> None:
 def test_other_settings_do_not_share_results(project: Path) -> None:
     run("pkg")
     output, analysed = run("--select", "KL001", "pkg")
-    assert len(analysed) == 5 and "KL002" not in output
+    assert len(analysed) == 4 and "KL002" not in output
 
 
 def test_no_cache_neither_reads_nor_writes(project: Path) -> None:
@@ -126,29 +127,79 @@ def test_kllint_cache_dir_moves_the_cache(project: Path, monkeypatch: pytest.Mon
     assert not Path(CACHE_DIR_NAME).exists() and (project.parent / "elsewhere").is_dir()
 
 
-def test_a_corrupt_cache_is_ignored_and_rebuilt(project: Path) -> None:
+@pytest.mark.parametrize(
+    "damage",
+    [
+        '{"format": 3, "files": {',  # truncated
+        "\xff\xfe garbage",
+        json.dumps({"format": 3, "files": {}, "depsets": {}, "entries": "nonsense"}),
+        json.dumps({"format": 3, "files": {"a.py": [1]}, "depsets": {}, "entries": {}}),
+    ],
+)
+def test_a_corrupt_cache_is_ignored_and_rebuilt(project: Path, damage: str) -> None:
     cold, _ = run("pkg")
-    entries = sorted(Path(CACHE_DIR_NAME).glob("*/*.json"))
-    assert len(entries) == 5
-    entries[0].write_text('{"digest": ')  # truncated
-    entries[1].write_bytes(b"\xff\xfe garbage")
-    entries[2].write_text(json.dumps({"digest": 1, "findings": "nonsense"}))
+    [index] = Path(CACHE_DIR_NAME).glob("*/index.json")
+    index.write_text(damage, encoding="utf-8", errors="surrogateescape")
     output, analysed = run("pkg")
-    assert output == cold and len(analysed) == 3
+    assert output == cold and len(analysed) == 4
     assert run("pkg") == (cold, [])
+
+
+def test_a_corrupt_entry_is_analysed_again(project: Path) -> None:
+    cold, _ = run("pkg")
+    [index] = Path(CACHE_DIR_NAME).glob("*/index.json")
+    data = json.loads(index.read_text())
+    [train] = [key for key in data["entries"] if key.endswith("train.py")]
+    data["entries"][train]["findings"] = "nonsense"
+    data["depsets"]["gone"] = "nonsense"
+    index.write_text(json.dumps(data))
+    assert run("pkg") == (cold, ["train.py"])
+
+
+def test_a_warm_run_reads_only_files_with_findings(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Status unchanged: the cache knows the content without reading it.
+    old = time.time() - 60
+    for path in project.iterdir():
+        os.utime(path, (old, old))
+    cold, _ = run("pkg")
+    read: list[str] = []
+    real_read = engine._read
+
+    def logged_read(path: Path, *args: object) -> object:
+        read.append(path.name)
+        return real_read(path, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(engine, "_read", logged_read)
+    assert run("pkg") == (cold, [])
+    assert sorted(read) == ["rollout.py", "train.py"]  # their findings are shown with their code
+
+
+def test_a_change_that_keeps_size_and_mtime_is_still_seen(project: Path) -> None:
+    # The status includes the ctime, which any write moves and no tool sets back.
+    data = project / "data.py"
+    old = time.time() - 60
+    os.utime(data, (old, old))
+    run("pkg")
+    text = data.read_text()
+    data.write_text(text.replace("batch.sum()", "batch.max()"))  # same size
+    os.utime(data, (old, old))
+    assert run("pkg")[1] == ["data.py"]
 
 
 def test_a_read_only_cache_directory_is_not_an_error(project: Path) -> None:
     Path(CACHE_DIR_NAME).write_text("not a directory")
     cold, analysed = run("pkg")
-    assert len(analysed) == 5 and "KL002" in cold
+    assert len(analysed) == 4 and "KL002" in cold
 
 
 def test_entries_are_written_whole_or_not_at_all(project: Path, tmp_path: Path) -> None:
     settings = load_settings([project])
     cache = Cache(tmp_path / "cache", settings)
     result = engine.lint_paths([project], settings, cache=cache)
-    assert not list((tmp_path / "cache").rglob(".entry-*"))  # no temporary left behind
+    assert list((tmp_path / "cache").rglob("index.json"))
+    assert not list((tmp_path / "cache").rglob(".index-*"))  # no temporary left behind
     for entry in (tmp_path / "cache").rglob("*.json"):
         json.loads(entry.read_text())
     assert result.findings
@@ -161,3 +212,31 @@ def test_concurrent_runs_share_the_cache(project: Path) -> None:
     outputs = {r.communicate(timeout=120)[0] for r in runs}
     assert len(outputs) == 1
     assert run("pkg") == (outputs.pop(), [])
+
+
+def test_a_fully_cached_run_never_imports_the_parser(project: Path) -> None:
+    # LibCST takes longer to import than a cached run takes: it is imported
+    # on first use, and a warm run with nothing to report has none.
+    (project / "train.py").write_text("def step(batch):\n    return batch\n")
+    (project / "rollout.py").unlink()
+    script = textwrap.dedent(
+        """\
+        import sys
+        from kllint.cli import main
+        sys.argv = ["kllint", "--format", "concise", "--exit-zero", "pkg"]
+        try:
+            main()
+        except SystemExit:
+            pass
+        print("parser imported:", "libcst._nodes" in sys.modules)
+        """
+    )
+    env = {k: v for k, v in os.environ.items() if k != "KLLINT_TEST_ANALYSED"}
+
+    def parser_imported() -> str:
+        command = [sys.executable, "-c", script]
+        output = subprocess.run(command, capture_output=True, text=True, env=env, check=True)
+        return output.stdout.splitlines()[-1]
+
+    assert parser_imported() == "parser imported: True"  # cold: estimates.py is analysed
+    assert parser_imported() == "parser imported: False"

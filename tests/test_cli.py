@@ -86,7 +86,7 @@ def test_syntax_error_is_reported_and_other_files_still_linted() -> None:
 
 
 def test_syntax_error_alone_exits_1_as_in_ruff() -> None:
-    write("broken.py", "loss = (\n")
+    write("broken.py", "kl_loss = (\n")
     result = kllint("broken.py")
     assert result.exit_code == 1
     assert "E999 SyntaxError" in result.output

@@ -118,7 +118,7 @@ def test_noqa_in_a_cell() -> None:
 
 
 def test_syntax_error_is_placed_in_its_cell() -> None:
-    Path("bad.ipynb").write_text(notebook(("code", "import torch\n"), ("code", "x = (\n")))
+    Path("bad.ipynb").write_text(notebook(("code", "import torch\n"), ("code", "kl = (\n")))
     [error] = lint_paths(["bad.ipynb"]).errors
     assert (error.cell, error.line) == (2, 1)
 

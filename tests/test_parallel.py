@@ -13,7 +13,7 @@ CORPUS = Path(__file__).parent / "fixtures"
 
 
 def test_parallel_run_reports_what_a_serial_run_reports(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(engine, "PARALLEL_MIN_FILES", 2)
+    monkeypatch.setattr(engine, "PARALLEL_MIN_BYTES", 1)
     settings = load_settings([CORPUS])
     serial = engine.lint_paths([CORPUS], settings, keep_sites=True)
     parallel = engine.lint_paths([CORPUS], settings, jobs=2)
@@ -26,3 +26,42 @@ def test_parallel_run_reports_what_a_serial_run_reports(monkeypatch: pytest.Monk
     assert parallel.files_checked == serial.files_checked
     assert all(f.site is None for f in parallel.findings)  # IR stays in the worker
     assert all(f.site is not None for f in serial.findings)  # kept for --confirm
+
+
+def test_workers_follow_the_work_not_the_file_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kllint import workers
+
+    monkeypatch.setattr(workers, "usable_cpus", lambda: 8)
+    monkeypatch.setattr(workers.os, "getloadavg", lambda: (0.3, 0.5, 0.5))
+    assert engine.worker_count(100 << 10, None) == 1  # 100 KB to analyse: one worker
+    assert engine.worker_count(2 * engine.PARALLEL_MIN_BYTES, None) == 2
+    assert engine.worker_count(1 << 30, None) == 8
+    assert engine.worker_count(1 << 30, 3) == 3  # --jobs caps it
+
+
+def test_a_busy_machine_gets_fewer_workers(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kllint import workers
+
+    monkeypatch.setattr(workers, "usable_cpus", lambda: 8)
+    monkeypatch.setattr(workers.os, "getloadavg", lambda: (6.4, 6.0, 5.0))
+    assert engine.worker_count(1 << 30, None) == 2  # six of eight CPUs are busy
+    monkeypatch.setattr(workers.os, "getloadavg", lambda: (12.0, 6.0, 5.0))
+    assert engine.worker_count(1 << 30, None) == 1
+    assert engine.worker_count(1 << 30, 4) == 4  # --jobs is the user's call
+
+
+def test_a_cgroup_quota_caps_the_workers(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from kllint import workers
+
+    cpu_max = tmp_path / "cpu.max"
+    cpu_max.write_text("150000 100000\n")  # 1.5 CPUs: two workers at most
+    real_open = open
+
+    def fake_open(path: object, *args: object, **kwargs: object) -> object:
+        if path == "/sys/fs/cgroup/cpu.max":
+            path = cpu_max
+        return real_open(path, *args, **kwargs)  # type: ignore[call-overload]
+
+    monkeypatch.setattr("builtins.open", fake_open)
+    monkeypatch.setattr(workers.os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
+    assert workers.usable_cpus() == 2

@@ -84,7 +84,7 @@ def test_a_file_over_the_time_budget_is_reported_and_the_others_linted(
 ) -> None:
     monkeypatch.setattr(workers, "FILE_TIMEOUT_S", 1.0)
     monkeypatch.setattr(engine, "check_source", _slow_on_marked_files)
-    (tmp_path / "slow.py").write_text(f"# {kind}\n")
+    (tmp_path / "slow.py").write_text(f"# {kind} the kl term\n")
     (tmp_path / "train.py").write_text(K1_LOSS)
     start = time.monotonic()
     result = lint(tmp_path)
@@ -105,7 +105,7 @@ def test_a_file_over_the_memory_budget_is_reported_and_the_others_linted(
 ) -> None:
     monkeypatch.setattr(workers, "MEMORY_BUDGET_BYTES", 256 << 20)
     monkeypatch.setattr(engine, "check_source", _greedy_on_marked_files)
-    (tmp_path / "greedy.py").write_text("# GREEDY\n")
+    (tmp_path / "greedy.py").write_text("# GREEDY kl term\n")
     (tmp_path / "train.py").write_text(K1_LOSS)
     result = lint(tmp_path)
     assert codes(result) == [("greedy.py", "E998"), ("train.py", "KL001")]
@@ -124,8 +124,8 @@ def test_a_file_over_the_size_cap_is_reported_not_parsed(
 
 
 def test_workers_never_outnumber_the_usable_cpus() -> None:
-    assert engine.worker_count(10_000, 64) <= workers.usable_cpus()
-    assert engine.worker_count(5, 8) == 1  # a small tree stays in one worker
+    assert engine.worker_count(1 << 40, 64) <= workers.usable_cpus()
+    assert engine.worker_count(5_000, 8) == 1  # a small tree stays in one worker
 
 
 # ------------------------------------------------------------ valid code the analysis finds hard
@@ -168,9 +168,18 @@ def test_huge_numbers_are_not_a_crash(tmp_path: Path) -> None:
 
 
 def test_newer_syntax_than_this_python_is_not_a_syntax_error(tmp_path: Path) -> None:
-    (tmp_path / "report.py").write_text('d = {"a": 1}\nx = f"{d["a"]}"\n')  # PEP 701 (3.12)
-    (tmp_path / "broken.py").write_text("def f(:\n")
+    # Both hold a KL word, so both are parsed, by LibCST, whatever Python runs kllint.
+    (tmp_path / "report.py").write_text('d = {"kl": 1}\nx = f"{d["kl"]}"\n')  # PEP 701 (3.12)
+    (tmp_path / "broken.py").write_text("def kl(:\n")
     assert codes(lint(tmp_path)) == [("broken.py", "E999")]
+
+
+def test_a_file_that_cannot_hold_a_kl_term_is_not_parsed(tmp_path: Path) -> None:
+    # kllint reads only files that can hold a KL term: a syntax error
+    # elsewhere is for the other linters to report.
+    (tmp_path / "setup_utils.py").write_text("def f(:\n")
+    (tmp_path / "train.py").write_text(K1_LOSS)
+    assert codes(lint(tmp_path)) == [("train.py", "KL001")]
 
 
 def test_code_this_python_accepts_but_libcst_cannot_parse_is_not_a_syntax_error(
@@ -339,7 +348,7 @@ _SLOW_RUN = textwrap.dedent(
 
 def _start_slow_run(tmp_path: Path) -> tuple[subprocess.Popen[str], Path]:
     for i in range(60):
-        (tmp_path / f"m{i}.py").write_text("x = 1\n")
+        (tmp_path / f"m{i}.py").write_text("kl = 1\n")
     pids = tmp_path / "pids.txt"
     process = subprocess.Popen(
         [sys.executable, "-c", _SLOW_RUN],

@@ -327,30 +327,6 @@ CURRENT_WORDS = frozenset({"new", "cur", "curr", "current", "online", "updated"}
 PREFERENCE_WORDS = frozenset(
     {"chosen", "rejected", "preferred", "dispreferred", "win", "lose", "winner", "loser"}
 )
-# Pieces of an identifier that names a log-prob, for the file prefilter.
-LOGPROB_PARTS = (
-    "logp",
-    "log_p",
-    "logprob",
-    "log_prob",
-    "logpi",
-    "log_pi",
-    "lprob",
-    "prob",
-    "pi_",
-    "_pi",
-    "lp_",
-    "_lp",
-)
-
-
-def names_reference_logprob(identifier: str) -> bool:
-    """``ref_log_probs``, ``base_action_log_probs``, ``pi_ref``: one identifier
-    that names a log-prob of a reference policy."""
-    lowered = identifier.lower()
-    return any(part in lowered for part in LOGPROB_PARTS) and any(
-        w in REFERENCE_WORDS for w in words(identifier)
-    )
 
 
 def from_container(names: tuple[str, ...]) -> bool:
