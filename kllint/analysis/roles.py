@@ -466,7 +466,6 @@ RELEVANCE_WORDS = LOGPROB_WORDS | {
     "kld",
     "kls",
     "divergence",
-    "log",
     "exp",
     "softmax",
     "logsumexp",
@@ -481,6 +480,7 @@ RELEVANCE_WORDS = LOGPROB_WORDS | {
     "backward",
     "objective",
 }
+_AFTER_LOG = AFTER_LOG_WORDS | {"softmax", "sigmoid", "sum", "exp"}
 _RELEVANT_IDENTIFIERS: dict[str, bool] = {}
 
 
@@ -488,8 +488,13 @@ def relevant_identifier(identifier: str) -> bool:
     """``ref_logps``, ``log_softmax``, ``kl_coef``, ``loss``: see ``RELEVANCE_WORDS``."""
     known = _RELEVANT_IDENTIFIERS.get(identifier)
     if known is None:
-        known = _RELEVANT_IDENTIFIERS[identifier] = any(
-            w in RELEVANCE_WORDS for w in words(identifier)
+        ws = words(identifier)
+        # ``log`` on its own (``torch.log``, ``ratio.log()``) or before a
+        # probability (``log_softmax``, ``log_probs``); not ``log_metrics``.
+        known = _RELEVANT_IDENTIFIERS[identifier] = (
+            ws == ["log"]
+            or any(w in RELEVANCE_WORDS for w in ws)
+            or any(w == "log" and nxt in _AFTER_LOG for w, nxt in zip(ws, ws[1:]))
         )
     return known
 
