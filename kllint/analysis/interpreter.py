@@ -395,6 +395,8 @@ class Interpreter(Calls):
                 self.loss_sink_from_return(small, value)
             elif self.depth == 0 and sinks.is_advantage_function(self.function_name):
                 self.advantage_sink_from_return(small, value)
+            elif self.depth == 0 and sinks.may_hold_kl(value):
+                self.caller_sink_from_return(small, value)
             return True
         elif isinstance(small, cst.Raise):
             return True
@@ -403,6 +405,21 @@ class Interpreter(Calls):
     def loss_sink_from_return(self, node: cst.Return, value: Value) -> None:
         for item, description in sinks.returned_losses(self.function_name, node.value, value):
             self.add_sink(item, description, True, node)
+
+    def caller_sink_from_return(self, node: cst.Return, value: Value) -> None:
+        """A helper whose result a caller in another file backpropagates:
+        judged here, where it is written, naming that caller."""
+        assert isinstance(self.function_node, cst.FunctionDef)
+        caller = sinks.backprop_caller(
+            self.context.project, self.module.path, self.function_node
+        )
+        if caller is None:
+            return
+        description = sinks.caller_description(caller, self.function_name)
+        for item, shown in sinks.returned_losses(
+            self.function_name, node.value, value, description=description, element=caller.element
+        ):
+            self.add_sink(item, shown, True, node)
 
     def advantage_sink_from_return(self, node: cst.Return, value: Value) -> None:
         """Advantages that carry a KL, returned to be stored and read by the
@@ -613,12 +630,17 @@ class Interpreter(Calls):
                 helper=helper_label(ref),
                 cst_node=call,
                 helper_node=ref.node,
-                reported_by_helper=ref.module.path != self.module.path
-                and sinks.is_loss_function(
-                    ref.node.name.value,
-                    ref.cls.node.name.value if ref.cls else None,
-                    _called_in(ref.module),
-                ),
+                reported_by_helper=(
+                    ref.module.path != self.module.path
+                    and sinks.is_loss_function(
+                        ref.node.name.value,
+                        ref.cls.node.name.value if ref.cls else None,
+                        _called_in(ref.module),
+                    )
+                )
+                # Judged in its own file, naming the caller that backpropagates it.
+                or sinks.backprop_caller(self.context.project, ref.module.path, ref.node)
+                is not None,
             )
         callee = Interpreter(
             self.context,

@@ -13,12 +13,13 @@ import bisect
 import os
 import re
 import stat
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import libcst as cst
 
+from kllint.analysis import callers
 from kllint.analysis.module import ClassInfo, ModuleInfo
 from kllint.analysis.values import FuncRef
 
@@ -94,6 +95,9 @@ class Project:
         self._defaults: dict[Path, _PackageDefaults] = {}
         self._resolved: dict[tuple[str, Path, int], ModuleInfo | None] = {}
         self._defaults_of: dict[Path, _PackageDefaults] = {}
+        # Callers that backpropagate a helper's result, per scanned directory:
+        # built on first use (most files never ask), once per run.
+        self._backprop: dict[Path, tuple[dict[str, list[callers.Caller]], list[str]]] = {}
         # Every file the analysis used since the caller last cleared it (the
         # results cache re-analyses a file when one of these changes).
         self.read_paths: set[str] = set()
@@ -201,6 +205,34 @@ class Project:
                 if found is not None:
                     queue.append(found)
         return None
+
+    # ------------------------------------------------------------ callers
+
+    def backprop_callers(self, importer: Path, name: str) -> list[callers.Caller]:
+        """Calls of a function named ``name``, anywhere in the project that
+        contains ``importer``, whose result reaches a backward pass."""
+        root = self._scan_root(importer)
+        if root not in self._backprop:
+            files = list(_python_files(root))
+            sources = []
+            for path in files:
+                try:
+                    sources.append((path, Path(path).read_text(encoding="utf-8", errors="replace")))
+                except OSError:
+                    continue
+            self._backprop[root] = (callers.build_index(sources), files)
+        index, files = self._backprop[root]
+        # Any file may gain or lose a backward pass: each one is a dependency.
+        self.read_paths.update(files)
+        return index.get(name, [])
+
+    def _scan_root(self, importer: Path) -> Path:
+        """The outermost linted directory holding ``importer``, else its package."""
+        resolved = importer.resolve()
+        for root in sorted((r.resolve() for r in self.roots if r.is_dir()), key=lambda r: len(r.parts)):
+            if resolved.is_relative_to(root):
+                return root
+        return _top_package_dir(importer) or resolved.parent
 
     # ------------------------------------------------------------ defaults
 
@@ -313,6 +345,22 @@ class Project:
                             _literal(default.group(1)),
                             f"field default in {shown}:{number}",
                         )
+
+
+def _python_files(root: Path) -> Iterator[str]:
+    """Every regular ``.py`` file under ``root`` (absolute paths), skipping
+    virtual environments, caches and build outputs."""
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS and not d.startswith("."))
+        for filename in sorted(filenames):
+            if not filename.endswith(".py"):
+                continue
+            path = Path(dirpath) / filename
+            try:
+                if stat.S_ISREG(path.stat().st_mode):
+                    yield str(path.resolve())
+            except OSError:
+                continue
 
 
 def _line_numbers(text: str) -> Callable[[int], int]:

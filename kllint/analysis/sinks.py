@@ -9,11 +9,14 @@ Functions over names and already-evaluated values: the interpreter asks
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import libcst as cst
 
-from kllint.analysis import roles
-from kllint.analysis.values import DictVal, Seq, Value
+from kllint.analysis import ir, roles
+from kllint.analysis.callers import Caller
+from kllint.analysis.project import Project
+from kllint.analysis.values import Choice, DictVal, Seq, Value
 
 
 @dataclass
@@ -130,11 +133,19 @@ def is_advantage_function(name: str) -> bool:
 
 
 def returned_losses(
-    function_name: str, returned: cst.BaseExpression | None, value: Value
+    function_name: str,
+    returned: cst.BaseExpression | None,
+    value: Value,
+    *,
+    description: str | None = None,
+    element: int | None = None,
 ) -> list[tuple[Value, str]]:
     """The parts of a loss function's return value that are losses, each with
-    how it reaches the loss."""
-    description = f"the value returned by `{function_name}`"
+    how it reaches the loss. ``element``: the position in a returned tuple a
+    caller backpropagates (``loss, metrics = helper(...)``)."""
+    description = description or f"the value returned by `{function_name}`"
+    if element is not None and isinstance(value, Seq):
+        return [(value.items[element], description)] if element < len(value.items) else []
     if isinstance(value, DictVal):
         return [
             (item, f"{description} as `{key}`")
@@ -151,6 +162,69 @@ def returned_losses(
         ]
         return [(item, description) for item in named or value.items[:1]]
     return [(value, description)]
+
+
+# A parameter with one of these words may pick the estimator at the call
+# (``kl_type="k3"``): such a helper is judged at its calls, with the argument.
+_STEERING_WORDS = frozenset(
+    {"kind", "type", "mode", "variant", "estimator", "penalty", "approx", "method"}
+)
+
+
+def backprop_caller(project: Project, path: Path, fn: cst.FunctionDef) -> Caller | None:
+    """A caller in another file (or a pipeline given it as its loss callback)
+    that backpropagates what ``fn`` returns, so that ``fn`` is judged where it
+    is written: once, with the caller named in the finding. None when a
+    parameter may choose the estimator: then only a call site can say which."""
+    if _steerable(fn):
+        return None
+    here = str(path.resolve())
+    for caller in project.backprop_callers(path, fn.name.value):
+        if caller.callback or caller.path != here:
+            return caller
+    return None
+
+
+def _steerable(fn: cst.FunctionDef) -> bool:
+    params = fn.params
+    for param in [*params.posonly_params, *params.params, *params.kwonly_params]:
+        if isinstance(param.default, (cst.SimpleString, cst.ConcatenatedString)):
+            return True
+        if set(roles.words(param.name.value)) & _STEERING_WORDS:
+            return True
+    return False
+
+
+def caller_description(caller: Caller, function_name: str) -> str:
+    """``returned by `per_token_terms` to `train_step` (trainer.py:41), which calls `.backward()```."""
+    where = f"{_shown(caller.path)}:{caller.line}"
+    if caller.callback:
+        return f"`{function_name}`, which `{caller.function}` ({where}) {caller.via}"
+    return (
+        f"the value returned by `{function_name}` to `{caller.function}` ({where}), "
+        f"which {caller.via}"
+    )
+
+
+def _shown(path: str) -> str:
+    try:
+        return Path(path).relative_to(Path.cwd()).as_posix()
+    except ValueError:
+        return Path(path).name
+
+
+def may_hold_kl(value: Value) -> bool:
+    """Whether a value mentions a reference policy's log-probs: only then is
+    it worth asking who backpropagates it."""
+    if isinstance(value, ir.Node):
+        return value.has_role(ir.Role.REFERENCE_LOGP)
+    if isinstance(value, Choice):
+        return any(may_hold_kl(v) for _, v in value.options)
+    if isinstance(value, Seq):
+        return any(may_hold_kl(v) for v in value.items)
+    if isinstance(value, DictVal):
+        return any(may_hold_kl(v) for v in value.items.values())
+    return False
 
 
 def backward_description(call_code: str, method: str) -> str:

@@ -1,0 +1,358 @@
+"""Which functions of a project return a value that some caller backpropagates.
+
+A helper such as ``per_token_terms(...)`` is not named like a loss, yet when
+a trainer in another module writes ``loss = per_token_terms(...).mean()``
+and then ``loss.backward()``, what the helper returns is minimised. This
+module finds such helpers from the callers' side, with the stdlib ``ast``
+over the files that can hold a backward pass, so that the helper can be
+judged where it is written, when it is analysed on its own.
+
+Within each function of a scanned file, the names that reach a backward pass
+(``loss.backward()``, ``accelerator.backward(out.mean())``,
+``strategy.backward(loss, model, optimizer)``, ``manual_backward``,
+``scaler.scale(loss).backward()``, an ``optimizer_step`` given the loss) are
+followed back through assignments (``loss = pg_loss + beta * kl``,
+``losses.append(term)``); every call on those paths returns (part of) the
+loss. A function whose return value is itself returned into such a path is
+followed one caller further. Megatron-style pipelines pass the loss as a
+callback: ``return output, partial(loss_func, ...)`` from the forward step
+given to ``forward_backward_func``.
+
+This is a flow-insensitive, name-level scan: a call is matched to a helper
+by its name. It only ever adds sinks where a caller demonstrably
+backpropagates a helper's result; logs, metrics and rewards never reach
+these paths.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+# Method names whose arguments (or receiver) are the loss being minimised.
+BACKWARD_METHODS = frozenset({"backward", "manual_backward"})
+# An optimiser step given the loss (``strategy.optimizer_step(optimizer, loss, model)``).
+STEP_METHODS = frozenset({"optimizer_step"})
+# Text a file must contain to be parsed at all.
+MARKERS = ("backward", "optimizer_step")
+
+_MAX_HOPS = 3  # callers of callers followed through returned values
+
+
+@dataclass(frozen=True)
+class Caller:
+    """A call whose result reaches a backward pass."""
+
+    function: str  # the calling function, ``train_step``
+    path: str  # its file, absolute
+    line: int  # the line of the call
+    via: str  # how the result is minimised: "calls `.backward()`", ...
+    # ``a, b = helper(...)``: the returned tuple's element that is the loss.
+    element: int | None = None
+    callback: bool = False  # passed as a loss function, never inlined by the caller
+
+
+@dataclass
+class _Function:
+    name: str
+    path: str
+    # Calls whose result reaches a backward pass in this function: callee -> (line, element).
+    backprop_calls: list[tuple[str, int, int | None]]
+    via: str
+    # Calls whose result this function returns, by the element of a returned
+    # tuple they reach (None: the whole value, or any element).
+    returned_calls: dict[int | None, list[tuple[str, int, int | None]]]
+    # ``return output, partial(loss_func, ...)``: the callbacks it returns.
+    returned_callbacks: list[tuple[str, int]]
+
+
+def build_index(files: Iterable[tuple[str, str]]) -> dict[str, list[Caller]]:
+    """``{helper name: [callers that backpropagate its result]}`` over
+    ``(absolute path, source)`` pairs. Only files with a backward pass are
+    parsed, and then those defining a function the index already names (to
+    follow it one caller further)."""
+    sources = list(files)
+    parsed: set[str] = set()
+    functions: dict[str, list[_Function]] = {}
+    forward_steps: set[str] = set()
+
+    def parse(path: str, source: str) -> None:
+        parsed.add(path)
+        try:
+            tree = ast.parse(source)
+        except (SyntaxError, ValueError):
+            return
+        aliases = _import_aliases(tree)
+        for fn in _functions(tree):
+            functions.setdefault(fn.name, []).append(_scan_function(fn, path, aliases))
+        if "forward_backward" in source:
+            forward_steps.update(_forward_step_functions(tree))
+
+    for path, source in sources:
+        if any(marker in source for marker in MARKERS):
+            parse(path, source)
+
+    index: dict[str, list[Caller]] = {}
+    for same_name in functions.values():
+        for fn in same_name:
+            for callee, line, element in fn.backprop_calls:
+                index.setdefault(callee, []).append(Caller(fn.name, fn.path, line, fn.via, element))
+            if fn.name in forward_steps:
+                for callee, line in fn.returned_callbacks:
+                    index.setdefault(callee, []).append(
+                        Caller(
+                            fn.name,
+                            fn.path,
+                            line,
+                            "passes it to `forward_backward_func` as the loss",
+                            callback=True,
+                        )
+                    )
+    # A helper whose result another function returns to a backward pass.
+    followed: set[str] = set()
+    for _ in range(_MAX_HOPS):
+        pending = [name for name in index if name not in followed]
+        if not pending:
+            break
+        followed.update(pending)
+        definitions = re.compile(r"\bdef (" + "|".join(map(re.escape, pending)) + r")\s*\(")
+        for path, source in sources:
+            if path not in parsed and definitions.search(source):
+                parse(path, source)
+        for name in pending:
+            through = index[name][0]
+            for fn in functions.get(name, []):
+                returned = fn.returned_calls.get(through.element, fn.returned_calls[None])
+                for callee, line, element in returned:
+                    if callee in index:
+                        continue
+                    via = f"returns it to `{through.function}`, which {through.via}"
+                    index[callee] = [Caller(fn.name, fn.path, line, via, element)]
+    return index
+
+
+# ---------------------------------------------------------------- one function
+
+
+def _scan_function(
+    fn: ast.FunctionDef | ast.AsyncFunctionDef, path: str, aliases: dict[str, str]
+) -> _Function:
+    body = list(_own_nodes(fn))
+    assignments: list[tuple[set[str], ast.expr, list[ast.expr]]] = []
+    sink_exprs: list[ast.expr] = []
+    via = ""
+    for node in body:
+        if isinstance(node, ast.Assign):
+            assignments.append((_target_names(node.targets), node.value, node.targets))
+        elif isinstance(node, (ast.AnnAssign, ast.AugAssign)) and node.value is not None:
+            assignments.append((_target_names([node.target]), node.value, [node.target]))
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            method = node.func.attr
+            if method in BACKWARD_METHODS:
+                sink_exprs.append(_backward_target(node))
+                via = via or f"calls `.{method}()`"
+            elif method in STEP_METHODS and node.args:
+                sink_exprs.extend(node.args)
+                via = via or f"calls `.{method}()` with it"
+            elif (
+                method in ("append", "extend", "add_")
+                and isinstance(node.func.value, ast.Name)
+                and node.args
+            ):
+                # ``losses.append(term)``: the list is assigned what it is given.
+                assignments.append(({node.func.value.id}, node.args[0], [node.func.value]))
+
+    backprop_calls = _calls_reaching(sink_exprs, assignments, aliases)
+    returns = [n.value for n in body if isinstance(n, ast.Return) and n.value is not None]
+    returned_calls: dict[int | None, list[tuple[str, int, int | None]]] = {
+        None: _calls_reaching(returns, assignments, aliases)
+    }
+    for value in returns:
+        if isinstance(value, ast.Tuple):
+            for position, element in enumerate(value.elts):
+                returned_calls.setdefault(position, []).extend(
+                    _calls_reaching([element], assignments, aliases)
+                )
+    callbacks = []
+    for value in returns:
+        if isinstance(value, ast.Tuple) and len(value.elts) == 2:
+            name = _callback_name(value.elts[1], aliases)
+            if name is not None:
+                callbacks.append((name, value.lineno))
+    return _Function(fn.name, path, backprop_calls, via, returned_calls, callbacks)
+
+
+def _calls_reaching(
+    roots: list[ast.expr],
+    assignments: list[tuple[set[str], ast.expr, list[ast.expr]]],
+    aliases: dict[str, str],
+) -> list[tuple[str, int, int | None]]:
+    """Every call whose result flows into one of ``roots``, through the
+    function's assignments (a fixed point over names: order and branches are
+    ignored, as a name reaching the loss on any path is enough)."""
+    if not roots:
+        return []
+    names: set[str] = set()
+    for root in roots:
+        names |= _names(root)
+    found: list[tuple[str, int, int | None]] = [
+        c for root in roots for c in _calls(root, None, aliases)
+    ]
+    done: set[int] = set()
+    changed = True
+    while changed:
+        changed = False
+        for index, (targets, value, target_nodes) in enumerate(assignments):
+            if index in done or not targets & names:
+                continue
+            done.add(index)
+            changed = True
+            names |= _names(value)
+            found.extend(_calls(value, _element(target_nodes, names), aliases))
+    return found
+
+
+def _element(targets: list[ast.expr], names: set[str]) -> int | None:
+    """``loss, metrics = helper(...)``: the position of the name that reaches the loss."""
+    if len(targets) == 1 and isinstance(targets[0], ast.Tuple):
+        for position, element in enumerate(targets[0].elts):
+            if isinstance(element, ast.Name) and element.id in names:
+                return position
+    return None
+
+
+def _calls(
+    expr: ast.expr, element: int | None, aliases: dict[str, str]
+) -> Iterator[tuple[str, int, int | None]]:
+    """The project calls in an expression, by callee name. Only the call the
+    value *is* (possibly under arithmetic and reductions) keeps ``element``."""
+    for node in _walk_with_gradient(expr):
+        if isinstance(node, ast.Call):
+            name = _callee(node.func, aliases)
+            if name is not None:
+                yield name, node.lineno, element if node is expr else None
+
+
+def _callee(func: ast.expr, aliases: dict[str, str]) -> str | None:
+    if isinstance(func, ast.Name):
+        return aliases.get(func.id, func.id)
+    if isinstance(func, ast.Attribute):
+        return func.attr
+    return None
+
+
+def _callback_name(expr: ast.expr, aliases: dict[str, str]) -> str | None:
+    if isinstance(expr, ast.Call) and _callee(expr.func, aliases) == "partial" and expr.args:
+        return _callee(expr.args[0], aliases)
+    if isinstance(expr, (ast.Name, ast.Attribute)):
+        return _callee(expr, aliases)
+    return None
+
+
+def _backward_target(call: ast.Call) -> ast.expr:
+    """``loss.backward()``, ``accelerator.backward(loss)``,
+    ``scaler.scale(loss).backward()``: the loss."""
+    if call.args:
+        return call.args[0]
+    assert isinstance(call.func, ast.Attribute)
+    receiver = call.func.value
+    if (
+        isinstance(receiver, ast.Call)
+        and isinstance(receiver.func, ast.Attribute)
+        and receiver.func.attr == "scale"
+        and receiver.args
+    ):
+        return receiver.args[0]
+    return receiver
+
+
+# ``kl.detach()``, ``kl.item()``: what these return carries no gradient.
+_CUTS = frozenset({"detach", "item", "tolist", "numpy"})
+
+
+def _walk_with_gradient(expr: ast.AST) -> Iterator[ast.AST]:
+    """The nodes of an expression, not those under ``.detach()`` or ``.item()``."""
+    stack = [expr]
+    while stack:
+        node = stack.pop()
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in _CUTS
+        ):
+            continue
+        yield node
+        stack.extend(ast.iter_child_nodes(node))
+
+
+def _names(expr: ast.AST) -> set[str]:
+    return {n.id for n in _walk_with_gradient(expr) if isinstance(n, ast.Name)}
+
+
+def _target_names(targets: list[ast.expr]) -> set[str]:
+    """Names bound by assignment targets; ``out["loss"] = x`` binds ``out``."""
+    names: set[str] = set()
+    for target in targets:
+        for node in ast.walk(target):
+            if isinstance(node, ast.Name):
+                names.add(node.id)
+    return names
+
+
+def _forward_step_functions(tree: ast.Module) -> Iterator[str]:
+    """``forward_backward_func(forward_step_func=forward_step, ...)``."""
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        name = _callee(node.func, {}) or ""
+        if "forward_backward" not in name:
+            continue
+        for keyword in node.keywords:
+            if keyword.arg == "forward_step_func":
+                step = _callee(keyword.value, {})
+                if step is not None:
+                    yield step
+
+
+def _import_aliases(tree: ast.Module) -> dict[str, str]:
+    """``from .losses import per_token_terms as terms``: ``terms`` -> ``per_token_terms``."""
+    aliases = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            for alias in node.names:
+                if alias.asname:
+                    aliases[alias.asname] = alias.name
+    return aliases
+
+
+def _functions(tree: ast.Module) -> Iterator[ast.FunctionDef | ast.AsyncFunctionDef]:
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            yield node
+
+
+def _own_nodes(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> Iterator[ast.AST]:
+    """The nodes of a function's body, not those of functions nested in it,
+    nor those of ``torch.no_grad()`` blocks (nothing computed there is
+    backpropagated)."""
+    stack: list[ast.AST] = list(fn.body)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (ast.With, ast.AsyncWith)) and any(
+            _no_grad(item.context_expr) for item in node.items
+        ):
+            continue
+        yield node
+        for child in ast.iter_child_nodes(node):
+            if not isinstance(
+                child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
+            ):
+                stack.append(child)
+
+
+def _no_grad(expr: ast.expr) -> bool:
+    func = expr.func if isinstance(expr, ast.Call) else expr
+    name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+    return name in ("no_grad", "inference_mode")
