@@ -82,7 +82,7 @@ def test_a_helper_returned_to_a_caller_that_backpropagates() -> None:
             ),
         ]
     )
-    assert [c.element for c in index["compute_objective"]] == [0]
+    assert [c.elements for c in index["compute_objective"]] == [(0,)]
     (through,) = index["per_token_terms"]
     assert through.function == "compute_objective"
     assert "returns it to `train`" in through.via
@@ -139,3 +139,18 @@ def test_the_project_reads_the_index_once_and_records_every_file(tmp_path: Path)
     assert caller.path == str((tmp_path / "trainer.py").resolve())
     assert str((tmp_path / "terms.py").resolve()) in project.read_paths
     assert project.backprop_callers(tmp_path / "terms.py", "absent") == []
+
+
+def test_a_result_indexed_by_a_setting_is_judged_by_its_caller() -> None:
+    # Which of the four estimators reaches the loss depends on the setting:
+    # ``estimate_kl`` on its own cannot say, so it is not a loss by itself.
+    index = index_of(
+        """
+        def train_step(self, batch, config):
+            kl_all = estimate_kl(batch["log_ratio"])
+            kl = kl_all[config.kl_estimator]
+            loss = policy_term(batch) + config.beta * kl
+            loss.backward()
+        """
+    )
+    assert set(index) == {"policy_term"}

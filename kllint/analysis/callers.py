@@ -49,21 +49,25 @@ class Caller:
     path: str  # its file, absolute
     line: int  # the line of the call
     via: str  # how the result is minimised: "calls `.backward()`", ...
-    # ``a, b = helper(...)``: the returned tuple's element that is the loss.
-    element: int | None = None
+    # ``pg_loss, clipfrac, kl = helper(...)``: the returned tuple's elements
+    # that reach the loss (None: the whole value).
+    elements: tuple[int, ...] | None = None
     callback: bool = False  # passed as a loss function, never inlined by the caller
+
+
+_Call = tuple[str, int, "tuple[int, ...] | None"]  # (callee, line, elements)
 
 
 @dataclass
 class _Function:
     name: str
     path: str
-    # Calls whose result reaches a backward pass in this function: callee -> (line, element).
-    backprop_calls: list[tuple[str, int, int | None]]
+    # Calls whose result reaches a backward pass in this function: (callee, line, elements).
+    backprop_calls: list[_Call]
     via: str
     # Calls whose result this function returns, by the element of a returned
     # tuple they reach (None: the whole value, or any element).
-    returned_calls: dict[int | None, list[tuple[str, int, int | None]]]
+    returned_calls: dict[int | None, list[_Call]]
     # ``return output, partial(loss_func, ...)``: the callbacks it returns.
     returned_callbacks: list[tuple[str, int]]
 
@@ -97,8 +101,10 @@ def build_index(files: Iterable[tuple[str, str]]) -> dict[str, list[Caller]]:
     index: dict[str, list[Caller]] = {}
     for same_name in functions.values():
         for fn in same_name:
-            for callee, line, element in fn.backprop_calls:
-                index.setdefault(callee, []).append(Caller(fn.name, fn.path, line, fn.via, element))
+            for callee, line, elements in fn.backprop_calls:
+                index.setdefault(callee, []).append(
+                    Caller(fn.name, fn.path, line, fn.via, elements)
+                )
             if fn.name in forward_steps:
                 for callee, line in fn.returned_callbacks:
                     index.setdefault(callee, []).append(
@@ -124,12 +130,20 @@ def build_index(files: Iterable[tuple[str, str]]) -> dict[str, list[Caller]]:
         for name in pending:
             through = index[name][0]
             for fn in functions.get(name, []):
-                returned = fn.returned_calls.get(through.element, fn.returned_calls[None])
-                for callee, line, element in returned:
+                returned = (
+                    fn.returned_calls[None]
+                    if through.elements is None
+                    else [
+                        call
+                        for position in through.elements
+                        for call in fn.returned_calls.get(position, [])
+                    ]
+                )
+                for callee, line, elements in returned:
                     if callee in index:
                         continue
                     via = f"returns it to `{through.function}`, which {through.via}"
-                    index[callee] = [Caller(fn.name, fn.path, line, via, element)]
+                    index[callee] = [Caller(fn.name, fn.path, line, via, elements)]
     return index
 
 
@@ -166,7 +180,7 @@ def _scan_function(
 
     backprop_calls = _calls_reaching(sink_exprs, assignments, aliases)
     returns = [n.value for n in body if isinstance(n, ast.Return) and n.value is not None]
-    returned_calls: dict[int | None, list[tuple[str, int, int | None]]] = {
+    returned_calls: dict[int | None, list[_Call]] = {
         None: _calls_reaching(returns, assignments, aliases)
     }
     for value in returns:
@@ -188,7 +202,7 @@ def _calls_reaching(
     roots: list[ast.expr],
     assignments: list[tuple[set[str], ast.expr, list[ast.expr]]],
     aliases: dict[str, str],
-) -> list[tuple[str, int, int | None]]:
+) -> list[_Call]:
     """Every call whose result flows into one of ``roots``, through the
     function's assignments (a fixed point over names: order and branches are
     ignored, as a name reaching the loss on any path is enough)."""
@@ -197,42 +211,44 @@ def _calls_reaching(
     names: set[str] = set()
     for root in roots:
         names |= _names(root)
-    found: list[tuple[str, int, int | None]] = [
-        c for root in roots for c in _calls(root, None, aliases)
-    ]
-    done: set[int] = set()
+    reached: list[int] = []
     changed = True
     while changed:
         changed = False
-        for index, (targets, value, target_nodes) in enumerate(assignments):
-            if index in done or not targets & names:
-                continue
-            done.add(index)
-            changed = True
-            names |= _names(value)
-            found.extend(_calls(value, _element(target_nodes, names), aliases))
+        for index, (bound, value, _) in enumerate(assignments):
+            if index not in reached and bound & names:
+                reached.append(index)
+                names |= _names(value)
+                changed = True
+    found = [c for root in roots for c in _calls(root, None, aliases)]
+    for index in reached:
+        _, value, targets = assignments[index]
+        found.extend(_calls(value, _elements(targets, names), aliases))
     return found
 
 
-def _element(targets: list[ast.expr], names: set[str]) -> int | None:
-    """``loss, metrics = helper(...)``: the position of the name that reaches the loss."""
+def _elements(targets: list[ast.expr], names: set[str]) -> tuple[int, ...] | None:
+    """``pg_loss, clipfrac, kl = helper(...)``: the positions of the names
+    that reach the loss."""
     if len(targets) == 1 and isinstance(targets[0], ast.Tuple):
-        for position, element in enumerate(targets[0].elts):
-            if isinstance(element, ast.Name) and element.id in names:
-                return position
+        return tuple(
+            position
+            for position, element in enumerate(targets[0].elts)
+            if isinstance(element, ast.Name) and element.id in names
+        )
     return None
 
 
 def _calls(
-    expr: ast.expr, element: int | None, aliases: dict[str, str]
-) -> Iterator[tuple[str, int, int | None]]:
+    expr: ast.expr, elements: tuple[int, ...] | None, aliases: dict[str, str]
+) -> Iterator[_Call]:
     """The project calls in an expression, by callee name. Only the call the
-    value *is* (possibly under arithmetic and reductions) keeps ``element``."""
+    value *is* (possibly under arithmetic and reductions) keeps ``elements``."""
     for node in _walk_with_gradient(expr):
         if isinstance(node, ast.Call):
             name = _callee(node.func, aliases)
             if name is not None:
-                yield name, node.lineno, element if node is expr else None
+                yield name, node.lineno, elements if node is expr else None
 
 
 def _callee(func: ast.expr, aliases: dict[str, str]) -> str | None:
@@ -272,8 +288,14 @@ def _backward_target(call: ast.Call) -> ast.expr:
 _CUTS = frozenset({"detach", "item", "tolist", "numpy"})
 
 
+# ``estimate_kl(...)[config.kl_estimator]``: a runtime choice among the
+# results; which one reaches the loss only the caller can say.
+_SELECTORS = (ast.Name, ast.Attribute, ast.Call)
+
+
 def _walk_with_gradient(expr: ast.AST) -> Iterator[ast.AST]:
-    """The nodes of an expression, not those under ``.detach()`` or ``.item()``."""
+    """The nodes of an expression, not those under ``.detach()`` or
+    ``.item()``, nor a container indexed by a runtime selector."""
     stack = [expr]
     while stack:
         node = stack.pop()
@@ -281,14 +303,23 @@ def _walk_with_gradient(expr: ast.AST) -> Iterator[ast.AST]:
             isinstance(node, ast.Call)
             and isinstance(node.func, ast.Attribute)
             and node.func.attr in _CUTS
-        ):
+        ) or (isinstance(node, ast.Subscript) and isinstance(node.slice, _SELECTORS)):
             continue
         yield node
         stack.extend(ast.iter_child_nodes(node))
 
 
+# The instance is not a value that flows: ``self.beta * kl`` does not make
+# every ``self.x = ...`` part of the loss.
+_NOT_VALUES = frozenset({"self", "cls"})
+
+
 def _names(expr: ast.AST) -> set[str]:
-    return {n.id for n in _walk_with_gradient(expr) if isinstance(n, ast.Name)}
+    return {
+        n.id
+        for n in _walk_with_gradient(expr)
+        if isinstance(n, ast.Name) and n.id not in _NOT_VALUES
+    }
 
 
 def _target_names(targets: list[ast.expr]) -> set[str]:
@@ -296,7 +327,7 @@ def _target_names(targets: list[ast.expr]) -> set[str]:
     names: set[str] = set()
     for target in targets:
         for node in ast.walk(target):
-            if isinstance(node, ast.Name):
+            if isinstance(node, ast.Name) and node.id not in _NOT_VALUES:
                 names.add(node.id)
     return names
 

@@ -403,7 +403,25 @@ class Interpreter(Calls):
         return False
 
     def loss_sink_from_return(self, node: cst.Return, value: Value) -> None:
-        for item, description in sinks.returned_losses(self.function_name, node.value, value):
+        returned = sinks.returned_losses(self.function_name, node.value, value)
+        used = sinks.backpropagated_elements(
+            self.context.project, self.module.path, self.function_name, value
+        )
+        if used is not None:
+            # ``return pg_loss, clipfrac, kl``: what the callers add to the loss.
+            elements, caller = used
+            returned += [
+                (item, description)
+                for item, description in sinks.returned_losses(
+                    self.function_name,
+                    node.value,
+                    value,
+                    description=sinks.caller_description(caller, self.function_name),
+                    elements=elements,
+                )
+                if not any(item is seen for seen, _ in returned)
+            ]
+        for item, description in returned:
             self.add_sink(item, description, True, node)
 
     def caller_sink_from_return(self, node: cst.Return, value: Value) -> None:
@@ -417,7 +435,7 @@ class Interpreter(Calls):
             return
         description = sinks.caller_description(caller, self.function_name)
         for item, shown in sinks.returned_losses(
-            self.function_name, node.value, value, description=description, element=caller.element
+            self.function_name, node.value, value, description=description, elements=caller.elements
         ):
             self.add_sink(item, shown, True, node)
 

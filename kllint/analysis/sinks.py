@@ -13,7 +13,7 @@ from pathlib import Path
 
 import libcst as cst
 
-from kllint.analysis import ir, roles
+from kllint.analysis import callers, ir, roles
 from kllint.analysis.callers import Caller
 from kllint.analysis.project import Project
 from kllint.analysis.values import Choice, DictVal, Seq, Value
@@ -35,7 +35,9 @@ class Sink:
     inlined_call: cst.CSTNode | None = None
 
 
-BACKWARD_METHODS = frozenset({"backward", "manual_backward"})
+BACKWARD_METHODS = callers.BACKWARD_METHODS
+# An optimiser step given the loss itself (``strategy.optimizer_step(optimizer, loss, model)``).
+STEP_METHODS = callers.STEP_METHODS
 
 # Framework entry points whose return value is the loss.
 LOSS_FUNCTIONS = frozenset(
@@ -138,14 +140,14 @@ def returned_losses(
     value: Value,
     *,
     description: str | None = None,
-    element: int | None = None,
+    elements: tuple[int, ...] | None = None,
 ) -> list[tuple[Value, str]]:
     """The parts of a loss function's return value that are losses, each with
-    how it reaches the loss. ``element``: the position in a returned tuple a
-    caller backpropagates (``loss, metrics = helper(...)``)."""
+    how it reaches the loss. ``elements``: the positions in a returned tuple
+    that callers backpropagate (``pg_loss, clipfrac, kl = helper(...)``)."""
     description = description or f"the value returned by `{function_name}`"
-    if element is not None and isinstance(value, Seq):
-        return [(value.items[element], description)] if element < len(value.items) else []
+    if elements is not None and isinstance(value, Seq):
+        return [(value.items[i], description) for i in elements if i < len(value.items)]
     if isinstance(value, DictVal):
         return [
             (item, f"{description} as `{key}`")
@@ -154,10 +156,10 @@ def returned_losses(
         ]
     if isinstance(value, Seq) and value.items and isinstance(returned, (cst.Tuple, cst.List)):
         # ``return loss, metrics``: the elements named like a loss, else the first.
-        elements = [e.value for e in returned.elements]
+        written = [e.value for e in returned.elements]
         named = [
             v
-            for e, v in zip(elements, value.items)
+            for e, v in zip(written, value.items)
             if isinstance(e, cst.Name) and is_loss_name(e.value)
         ]
         return [(item, description) for item in named or value.items[:1]]
@@ -183,6 +185,20 @@ def backprop_caller(project: Project, path: Path, fn: cst.FunctionDef) -> Caller
         if caller.callback or caller.path != here:
             return caller
     return None
+
+
+def backpropagated_elements(
+    project: Project, path: Path, function_name: str, value: Value
+) -> tuple[tuple[int, ...], Caller] | None:
+    """The elements of a returned tuple that callers anywhere in the project
+    backpropagate (``per_token_loss = pg_loss + beta * kl`` after
+    ``pg_loss, clipfrac, kl = compute_grpo_loss(...)``): a loss function's
+    caller decides which of its results are losses, not their names."""
+    if not (isinstance(value, Seq) and may_hold_kl(value)):
+        return None
+    callers = [c for c in project.backprop_callers(path, function_name) if c.elements]
+    used = {position for caller in callers for position in caller.elements or ()}
+    return (tuple(sorted(used)), callers[0]) if used else None
 
 
 def _steerable(fn: cst.FunctionDef) -> bool:
