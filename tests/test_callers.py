@@ -154,3 +154,18 @@ def test_a_result_indexed_by_a_setting_is_judged_by_its_caller() -> None:
         """
     )
     assert set(index) == {"policy_term"}
+
+
+def test_a_caller_that_builds_its_own_estimator_from_the_result() -> None:
+    # ``log_ratio`` returns logp - ref; the caller makes k3 of it: the caller's
+    # k3 is the loss (judged there), not the helper's log-ratio.
+    index = index_of(
+        """
+        def train_step(self, batch):
+            kl = log_ratio(batch)
+            loss = policy_term(batch) + 0.1 * (kl.exp() - 1 - kl).mean()
+            loss.backward()
+        """
+    )
+    assert "policy_term" in index
+    assert "log_ratio" not in index

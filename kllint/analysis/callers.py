@@ -244,7 +244,7 @@ def _calls(
 ) -> Iterator[_Call]:
     """The project calls in an expression, by callee name. Only the call the
     value *is* (possibly under arithmetic and reductions) keeps ``elements``."""
-    for node in _walk_with_gradient(expr):
+    for node in _linear_nodes(expr)[0]:
         if isinstance(node, ast.Call):
             name = _callee(node.func, aliases)
             if name is not None:
@@ -286,27 +286,62 @@ def _backward_target(call: ast.Call) -> ast.expr:
 
 # ``kl.detach()``, ``kl.item()``: what these return carries no gradient.
 _CUTS = frozenset({"detach", "item", "tolist", "numpy"})
-
-
 # ``estimate_kl(...)[config.kl_estimator]``: a runtime choice among the
 # results; which one reaches the loss only the caller can say.
 _SELECTORS = (ast.Name, ast.Attribute, ast.Call)
+# A caller that builds its own estimator from a helper's result
+# (``kl.exp() - 1 - kl`` from a returned log-ratio) minimises that estimator,
+# not the result: the result is a loss only through linear steps and
+# reductions (sums, means, coefficients, unknown helpers taken as reductions).
+_NONLINEAR = frozenset(
+    {
+        "exp",
+        "expm1",
+        "log",
+        "log1p",
+        "pow",
+        "sqrt",
+        "square",
+        "sigmoid",
+        "softplus",
+        "abs",
+        "logsumexp",
+        "softmax",
+        "log_softmax",
+        "tanh",
+        "relu",
+    }
+)
 
 
-def _walk_with_gradient(expr: ast.AST) -> Iterator[ast.AST]:
-    """The nodes of an expression, not those under ``.detach()`` or
-    ``.item()``, nor a container indexed by a runtime selector."""
+def _linear_nodes(expr: ast.AST) -> tuple[list[ast.AST], set[str]]:
+    """The nodes of an expression that its value depends on linearly (with a
+    gradient), and the names it uses non-linearly."""
+    linear: list[ast.AST] = []
+    nonlinear: set[str] = set()
     stack = [expr]
     while stack:
         node = stack.pop()
-        if (
-            isinstance(node, ast.Call)
-            and isinstance(node.func, ast.Attribute)
-            and node.func.attr in _CUTS
-        ) or (isinstance(node, ast.Subscript) and isinstance(node.slice, _SELECTORS)):
+        if isinstance(node, ast.Compare) or (
+            isinstance(node, ast.Subscript) and isinstance(node.slice, _SELECTORS)
+        ):
             continue
-        yield node
-        stack.extend(ast.iter_child_nodes(node))
+        if isinstance(node, ast.Call):
+            name = _callee(node.func, {})
+            if name in _CUTS:
+                continue
+            if name in _NONLINEAR:
+                nonlinear |= {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+                continue
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow):
+            nonlinear |= {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+            continue
+        linear.append(node)
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
+            stack.append(node.left)  # ``loss / n``; a tensor divisor is no loss
+        else:
+            stack.extend(ast.iter_child_nodes(node))
+    return linear, nonlinear
 
 
 # The instance is not a value that flows: ``self.beta * kl`` does not make
@@ -315,10 +350,11 @@ _NOT_VALUES = frozenset({"self", "cls"})
 
 
 def _names(expr: ast.AST) -> set[str]:
+    linear, nonlinear = _linear_nodes(expr)
     return {
         n.id
-        for n in _walk_with_gradient(expr)
-        if isinstance(n, ast.Name) and n.id not in _NOT_VALUES
+        for n in linear
+        if isinstance(n, ast.Name) and n.id not in _NOT_VALUES and n.id not in nonlinear
     }
 
 
