@@ -59,6 +59,7 @@ def check_source(source: str, path: str, project: Project, roles: RolePatterns) 
     """All findings of every rule in one file. Raises ``libcst.ParserSyntaxError``
     when the file does not parse. ``path`` is the path as displayed."""
     configured = roles.policy or roles.reference or roles.old
+    project.prefilter = None if configured else may_hold_kl_site
     if not configured and not may_hold_kl_site(source):
         _syntax_check(source, path)
         return []

@@ -28,8 +28,9 @@ from __future__ import annotations
 
 import ast
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from functools import partial
 
 # Method names whose arguments (or receiver) are the loss being minimised.
 BACKWARD_METHODS = frozenset({"backward", "manual_backward"})
@@ -38,7 +39,7 @@ STEP_METHODS = frozenset({"optimizer_step"})
 # Text a file must contain to be parsed at all.
 MARKERS = ("backward", "optimizer_step")
 
-_MAX_HOPS = 3  # callers of callers followed through returned values
+_MAX_HOPS = 2  # callers of callers followed through returned values
 
 
 @dataclass(frozen=True)
@@ -75,61 +76,121 @@ class _Function:
 def build_index(files: Iterable[tuple[str, str]]) -> dict[str, list[Caller]]:
     """``{helper name: [callers that backpropagate its result]}`` over
     ``(absolute path, source)`` pairs. Only files with a backward pass are
-    parsed, and then those defining a function the index already names (to
-    follow it one caller further)."""
+    parsed, and only their functions that hold one are scanned; then the
+    functions the index names (to follow their results one caller further)."""
     sources = list(files)
-    parsed: set[str] = set()
-    functions: dict[str, list[_Function]] = {}
+    parsed: set[str] = set()  # modules parsed whole
+    blocks: set[tuple[str, int]] = set()  # (module, first line) of functions parsed alone
+    definitions: dict[
+        str, list[tuple[ast.FunctionDef | ast.AsyncFunctionDef, str, dict[str, str]]]
+    ] = {}
+    with_backward: list[tuple[ast.FunctionDef | ast.AsyncFunctionDef, str, dict[str, str]]] = []
     forward_steps: set[str] = set()
+    scanned: dict[int, _Function] = {}
 
-    def parse(path: str, source: str) -> None:
+    def scan(
+        fn: ast.FunctionDef | ast.AsyncFunctionDef, path: str, aliases: dict[str, str]
+    ) -> _Function:
+        if id(fn) not in scanned:
+            scanned[id(fn)] = _scan_function(fn, path, aliases)
+        return scanned[id(fn)]
+
+    def add(
+        fn: ast.FunctionDef | ast.AsyncFunctionDef, path: str, aliases: dict[str, str], text: str
+    ) -> None:
+        definitions.setdefault(fn.name, []).append((fn, path, aliases))
+        if any(marker in text for marker in MARKERS):
+            with_backward.append((fn, path, aliases))
+
+    def parse(path: str, source: str, wanted: Callable[[str, str], bool]) -> None:
+        """The functions of ``path`` that ``wanted(name, text)`` selects, each
+        parsed on its own (a large trainer module costs a fraction of a whole
+        parse); the whole module when a block does not parse alone."""
+        if path in parsed:
+            return  # parsed whole already
+        aliases = _import_aliases(source)
+        lines = source.splitlines()
+        if "forward_backward" not in source:
+            trees = []
+            alone: list[tuple[str, int]] = []
+            for start, end in _function_blocks(lines):
+                header = _DEF.match(lines[start])
+                text = "\n".join(lines[start:end])
+                if header is None or (path, start) in blocks or not wanted(header.group(2), text):
+                    continue
+                alone.append((path, start))
+                indent = len(header.group(1))
+                try:
+                    # Blank lines in front keep the module's line numbers.
+                    tree = ast.parse(
+                        "\n" * start + "\n".join(line[indent:] for line in lines[start:end])
+                    )
+                except (SyntaxError, ValueError):
+                    break
+                trees.append(tree)
+            else:
+                blocks.update(alone)
+                for tree in trees:
+                    for fn in _functions(tree):
+                        add(fn, path, aliases, "\n".join(lines[fn.lineno - 1 : fn.end_lineno]))
+                return
         parsed.add(path)
         try:
-            tree = ast.parse(source)
+            module = ast.parse(source)
         except (SyntaxError, ValueError):
             return
-        aliases = _import_aliases(tree)
-        for fn in _functions(tree):
-            functions.setdefault(fn.name, []).append(_scan_function(fn, path, aliases))
+        for fn in _functions(module):
+            if any(p == path and fn.lineno - 1 == start for p, start in blocks):
+                continue
+            add(fn, path, aliases, "\n".join(lines[fn.lineno - 1 : fn.end_lineno]))
         if "forward_backward" in source:
-            forward_steps.update(_forward_step_functions(tree))
+            forward_steps.update(_forward_step_functions(module))
+
+    def holds_marker(name: str, text: str) -> bool:
+        return any(marker in text for marker in MARKERS)
 
     for path, source in sources:
         if any(marker in source for marker in MARKERS):
-            parse(path, source)
+            parse(path, source, holds_marker)
 
     index: dict[str, list[Caller]] = {}
-    for same_name in functions.values():
-        for fn in same_name:
-            for callee, line, elements in fn.backprop_calls:
+    for fn_node, path, aliases in with_backward:
+        fn = scan(fn_node, path, aliases)
+        for callee, line, elements in fn.backprop_calls:
+            index.setdefault(callee, []).append(Caller(fn.name, fn.path, line, fn.via, elements))
+    for step in forward_steps:
+        for fn_node, path, aliases in definitions.get(step, []):
+            fn = scan(fn_node, path, aliases)
+            for callee, line in fn.returned_callbacks:
                 index.setdefault(callee, []).append(
-                    Caller(fn.name, fn.path, line, fn.via, elements)
-                )
-            if fn.name in forward_steps:
-                for callee, line in fn.returned_callbacks:
-                    index.setdefault(callee, []).append(
-                        Caller(
-                            fn.name,
-                            fn.path,
-                            line,
-                            "passes it to `forward_backward_func` as the loss",
-                            callback=True,
-                        )
+                    Caller(
+                        fn.name,
+                        fn.path,
+                        line,
+                        "passes it to `forward_backward_func` as the loss",
+                        callback=True,
                     )
+                )
     # A helper whose result another function returns to a backward pass.
     followed: set[str] = set()
+    defined_in: dict[str, list[tuple[str, str]]] | None = None  # name -> modules defining it
     for _ in range(_MAX_HOPS):
         pending = [name for name in index if name not in followed]
         if not pending:
             break
         followed.update(pending)
-        definitions = re.compile(r"\bdef (" + "|".join(map(re.escape, pending)) + r")\s*\(")
-        for path, source in sources:
-            if path not in parsed and definitions.search(source):
-                parse(path, source)
+        if defined_in is None:
+            defined_in = {}
+            for path, source in sources:
+                for name in set(_DEF_NAME.findall(source)):
+                    defined_in.setdefault(name, []).append((path, source))
+        chosen = frozenset(pending)
+        for path, source in {p: s for name in pending for p, s in defined_in.get(name, [])}.items():
+            parse(path, source, partial(_named, chosen))
         for name in pending:
             through = index[name][0]
-            for fn in functions.get(name, []):
+            for fn_node, path, aliases in definitions.get(name, []):
+                fn = scan(fn_node, path, aliases)
                 returned = (
                     fn.returned_calls[None]
                     if through.elements is None
@@ -247,7 +308,7 @@ def _calls(
     for node in _linear_nodes(expr)[0]:
         if isinstance(node, ast.Call):
             name = _callee(node.func, aliases)
-            if name is not None:
+            if name is not None and name not in _GENERIC:
                 yield name, node.lineno, elements if node is expr else None
 
 
@@ -257,6 +318,77 @@ def _callee(func: ast.expr, aliases: dict[str, str]) -> str | None:
     if isinstance(func, ast.Attribute):
         return func.attr
     return None
+
+
+# Tensor methods and builtins: calls on the way to a loss that are never a
+# project's helper (kept out of the index, which stays small).
+_GENERIC = frozenset(
+    {
+        "mean",
+        "sum",
+        "float",
+        "to",
+        "view",
+        "reshape",
+        "squeeze",
+        "unsqueeze",
+        "contiguous",
+        "clone",
+        "masked_fill",
+        "clamp",
+        "clamp_min",
+        "flatten",
+        "max",
+        "min",
+        "cuda",
+        "cpu",
+        "type_as",
+        "half",
+        "bfloat16",
+        "long",
+        "int",
+        "bool",
+        "size",
+        "numel",
+        "len",
+        "range",
+        "zip",
+        "enumerate",
+        "isinstance",
+        "getattr",
+        "dict",
+        "list",
+        "tuple",
+        "str",
+        "stack",
+        "cat",
+        "where",
+        "zeros_like",
+        "ones_like",
+        "tensor",
+        "get",
+        "pop",
+        "items",
+        "values",
+        "keys",
+        "append",
+        "expand",
+        "expand_as",
+        "permute",
+        "transpose",
+        "gather",
+        "mul",
+        "add",
+        "sub",
+        "div",
+        "neg",
+        "nansum",
+        "nanmean",
+        "masked_select",
+        "scale",
+        "backward",
+    }
+)
 
 
 def _callback_name(expr: ast.expr, aliases: dict[str, str]) -> str | None:
@@ -383,21 +515,62 @@ def _forward_step_functions(tree: ast.Module) -> Iterator[str]:
                     yield step
 
 
-def _import_aliases(tree: ast.Module) -> dict[str, str]:
+def _named(chosen: frozenset[str], name: str, text: str) -> bool:
+    return name in chosen
+
+
+_IMPORT_FROM = re.compile(r"^[ \t]*from[ \t]+[.\w]+[ \t]+import[ \t]+(\([^)]*\)|[^\n]*)", re.M)
+_ALIAS = re.compile(r"(\w+)\s+as\s+(\w+)")
+
+
+def _import_aliases(source: str) -> dict[str, str]:
     """``from .losses import per_token_terms as terms``: ``terms`` -> ``per_token_terms``."""
-    aliases = {}
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom):
-            for alias in node.names:
-                if alias.asname:
-                    aliases[alias.asname] = alias.name
-    return aliases
+    return {
+        alias.group(2): alias.group(1)
+        for statement in _IMPORT_FROM.finditer(source)
+        for alias in _ALIAS.finditer(statement.group(1))
+    }
+
+
+_DEF_NAME = re.compile(r"^[ \t]*(?:async[ \t]+)?def[ \t]+(\w+)", re.M)
+_DEF = re.compile(r"^([ \t]*)(?:async[ \t]+)?def[ \t]+(\w+)[ \t]*\(")
+
+
+def _function_blocks(lines: list[str]) -> Iterator[tuple[int, int]]:
+    """``(first, end)`` line ranges of the outermost ``def`` blocks, from the
+    text: a block ends at the first code line indented no deeper than its
+    ``def`` (a closing ``) -> T:`` of the signature excepted)."""
+    index = 0
+    while index < len(lines):
+        header = _DEF.match(lines[index])
+        if header is None:
+            index += 1
+            continue
+        indent = len(header.group(1))
+        end = index + 1
+        while end < len(lines):
+            line = lines[end]
+            stripped = line.lstrip()
+            if (
+                stripped
+                and not stripped.startswith(("#", ")"))
+                and len(line) - len(stripped) <= indent
+            ):
+                break
+            end += 1
+        yield index, end
+        index = end
 
 
 def _functions(tree: ast.Module) -> Iterator[ast.FunctionDef | ast.AsyncFunctionDef]:
-    for node in ast.walk(tree):
+    """Every function, nested ones included, walking statements only."""
+    stack: list[ast.AST] = list(tree.body)
+    while stack:
+        node = stack.pop()
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             yield node
+        for name in ("body", "orelse", "finalbody", "handlers"):
+            stack.extend(getattr(node, name, ()) or ())
 
 
 def _own_nodes(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> Iterator[ast.AST]:

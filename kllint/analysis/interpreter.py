@@ -648,17 +648,12 @@ class Interpreter(Calls):
                 helper=helper_label(ref),
                 cst_node=call,
                 helper_node=ref.node,
-                reported_by_helper=(
-                    ref.module.path != self.module.path
-                    and sinks.is_loss_function(
-                        ref.node.name.value,
-                        ref.cls.node.name.value if ref.cls else None,
-                        _called_in(ref.module),
-                    )
-                )
-                # Judged in its own file, naming the caller that backpropagates it.
-                or sinks.backprop_caller(self.context.project, ref.module.path, ref.node)
-                is not None,
+                reported_by_helper=ref.module.path != self.module.path
+                and sinks.is_loss_function(
+                    ref.node.name.value,
+                    ref.cls.node.name.value if ref.cls else None,
+                    _called_in(ref.module),
+                ),
             )
         callee = Interpreter(
             self.context,
@@ -675,6 +670,16 @@ class Interpreter(Calls):
         result = callee.run_function(ref.node, bound, no_grad=self.no_grad)
         if result is None:
             return Py(None)
+        if (
+            self.call_site is None
+            and not site.reported_by_helper
+            and sinks.may_hold_kl(result)
+            and self.context.project.reports_on(ref.module)
+            and sinks.backprop_caller(self.context.project, ref.module.path, ref.node) is not None
+        ):
+            # A helper some caller backpropagates is judged in its own file,
+            # naming that caller: one bug, one finding.
+            site.reported_by_helper = True
         return self.credit_rewards(ref.node.name.value, call, result)
 
     def credit_rewards(self, name: str, call: cst.Call, result: Value) -> Value:

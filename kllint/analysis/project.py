@@ -97,6 +97,10 @@ class Project:
         self._defaults_of: dict[Path, _PackageDefaults] = {}
         # Callers that backpropagate a helper's result, per scanned directory:
         # built on first use (most files never ask), once per run.
+        self._texts: dict[str, str | None] = {}
+        # The text test a linted file must pass to be analysed (set by the
+        # driver; None when every file is analysed).
+        self.prefilter: Callable[[str], bool] | None = None
         self._backprop: dict[Path, tuple[dict[str, list[callers.Caller]], list[str]]] = {}
         # Every file the analysis used since the caller last cleared it (the
         # results cache re-analyses a file when one of these changes).
@@ -214,17 +218,33 @@ class Project:
         root = self._scan_root(importer)
         if root not in self._backprop:
             files = list(_python_files(root))
-            sources = []
-            for path in files:
-                try:
-                    sources.append((path, Path(path).read_text(encoding="utf-8", errors="replace")))
-                except OSError:
-                    continue
+            sources = [(path, text) for path in files if (text := self._text(path)) is not None]
             self._backprop[root] = (callers.build_index(sources), files)
         index, files = self._backprop[root]
         # Any file may gain or lose a backward pass: each one is a dependency.
         self.read_paths.update(files)
         return index.get(name, [])
+
+    def reports_on(self, module: ModuleInfo) -> bool:
+        """Whether this run reports findings in ``module``: it is linted (under
+        a root) and its text passes the prefilter. A helper's finding may be
+        left to its own file only then."""
+        path = module.path.resolve()
+        linted = any(
+            path == root or (root.is_dir() and path.is_relative_to(root))
+            for root in (r.resolve() for r in self.roots)
+        )
+        return linted and (self.prefilter is None or self.prefilter(module.source))
+
+    def _text(self, path: str) -> str | None:
+        """A file's text, read once for the scans that read whole packages
+        (defaults, callers)."""
+        if path not in self._texts:
+            try:
+                self._texts[path] = Path(path).read_text(encoding="utf-8", errors="replace")
+            except OSError:
+                self._texts[path] = None
+        return self._texts[path]
 
     def _scan_root(self, importer: Path) -> Path:
         """The outermost linted directory holding ``importer``, else its package."""
@@ -269,8 +289,10 @@ class Project:
                     # Regular files only: reading a FIFO named ``*.yaml`` never returns.
                     if not stat.S_ISREG(path.stat().st_mode):
                         continue
-                    text = path.read_text(encoding="utf-8", errors="replace")
                 except OSError:
+                    continue
+                text = self._text(str(path.resolve()))
+                if text is None:
                     continue
                 defaults.files.append(str(path.resolve()))
                 shown = _relative(path, top)
