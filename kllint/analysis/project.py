@@ -249,7 +249,9 @@ class Project:
     def _scan_root(self, importer: Path) -> Path:
         """The outermost linted directory holding ``importer``, else its package."""
         resolved = importer.resolve()
-        for root in sorted((r.resolve() for r in self.roots if r.is_dir()), key=lambda r: len(r.parts)):
+        for root in sorted(
+            (r.resolve() for r in self.roots if r.is_dir()), key=lambda r: len(r.parts)
+        ):
             if resolved.is_relative_to(root):
                 return root
         return _top_package_dir(importer) or resolved.parent
