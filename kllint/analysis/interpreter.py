@@ -674,6 +674,7 @@ class Interpreter(Calls):
             self.call_site is None
             and not site.reported_by_helper
             and sinks.may_hold_kl(result)
+            and not sinks.is_advantage_function(ref.node.name.value)
             and self.context.project.reports_on(ref.module)
             and sinks.backprop_caller(self.context.project, ref.module.path, ref.node) is not None
         ):

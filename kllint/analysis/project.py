@@ -226,15 +226,11 @@ class Project:
         return index.get(name, [])
 
     def reports_on(self, module: ModuleInfo) -> bool:
-        """Whether this run reports findings in ``module``: it is linted (under
-        a root) and its text passes the prefilter. A helper's finding may be
-        left to its own file only then."""
-        path = module.path.resolve()
-        linted = any(
-            path == root or (root.is_dir() and path.is_relative_to(root))
-            for root in (r.resolve() for r in self.roots)
-        )
-        return linted and (self.prefilter is None or self.prefilter(module.source))
+        """Whether ``module``, when linted, is analysed at all (its text passes
+        the prefilter): a helper's finding may be left to its own file only
+        then. Which files a run names does not matter, so that a file gives
+        the same findings however it is reached (and cached)."""
+        return self.prefilter is None or self.prefilter(module.source)
 
     def _text(self, path: str) -> str | None:
         """A file's text, read once for the scans that read whole packages
@@ -246,15 +242,11 @@ class Project:
                 self._texts[path] = None
         return self._texts[path]
 
-    def _scan_root(self, importer: Path) -> Path:
-        """The outermost linted directory holding ``importer``, else its package."""
-        resolved = importer.resolve()
-        for root in sorted(
-            (r.resolve() for r in self.roots if r.is_dir()), key=lambda r: len(r.parts)
-        ):
-            if resolved.is_relative_to(root):
-                return root
-        return _top_package_dir(importer) or resolved.parent
+    @staticmethod
+    def _scan_root(importer: Path) -> Path:
+        """The top package holding ``importer`` (its directory for a script
+        outside a package): where its callers are looked for."""
+        return _top_package_dir(importer) or importer.resolve().parent
 
     # ------------------------------------------------------------ defaults
 
