@@ -169,3 +169,21 @@ def test_a_caller_that_builds_its_own_estimator_from_the_result() -> None:
     )
     assert "policy_term" in index
     assert "log_ratio" not in index
+
+
+def test_one_bug_one_finding_across_modules(tmp_path: Path) -> None:
+    # The fixture package linted whole, as a project is: each helper's KL is
+    # reported in ``terms.py``, where it is written, and not again at the
+    # trainer's calls; the trainer's own k3 is reported in the trainer.
+    import shutil
+
+    from kllint.config import load_settings
+    from kllint.engine import lint_paths
+
+    package = tmp_path / "trainer_pkg"
+    shutil.copytree(Path(__file__).parent / "fixtures" / "core" / "trainer_pkg", package)
+    result = lint_paths([package], load_settings([package]), jobs=1)
+    found = sorted((Path(f.path).name, f.line, f.code) for f in result.findings)
+    assert found == [("terms.py", 24, "KL002"), ("terms.py", 31, "KL002"), ("trainer.py", 65, "KL002")]
+    (helper,) = [f for f in result.findings if f.line == 24]
+    assert any("to `train_step`" in note and "trainer.py:31" in note for note in helper.notes)
