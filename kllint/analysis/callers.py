@@ -38,6 +38,8 @@ BACKWARD_METHODS = frozenset({"backward", "manual_backward"})
 STEP_METHODS = frozenset({"optimizer_step"})
 # Text a file must contain to be parsed at all.
 MARKERS = ("backward", "optimizer_step")
+# A call of one of them (not ``forward_backward_func``, not a comment's word).
+_SINK_CALL = re.compile(r"\.(?:backward|manual_backward|optimizer_step)\s*\(")
 
 _MAX_HOPS = 2  # callers of callers followed through returned values
 
@@ -99,7 +101,7 @@ def build_index(files: Iterable[tuple[str, str]]) -> dict[str, list[Caller]]:
         fn: ast.FunctionDef | ast.AsyncFunctionDef, path: str, aliases: dict[str, str], text: str
     ) -> None:
         definitions.setdefault(fn.name, []).append((fn, path, aliases))
-        if any(marker in text for marker in MARKERS):
+        if _SINK_CALL.search(text):
             with_backward.append((fn, path, aliases))
 
     def parse(path: str, source: str, wanted: Callable[[str, str], bool]) -> None:
@@ -147,10 +149,10 @@ def build_index(files: Iterable[tuple[str, str]]) -> dict[str, list[Caller]]:
             forward_steps.update(_forward_step_functions(module))
 
     def holds_marker(name: str, text: str) -> bool:
-        return any(marker in text for marker in MARKERS)
+        return _SINK_CALL.search(text) is not None
 
     for path, source in sources:
-        if any(marker in source for marker in MARKERS):
+        if _SINK_CALL.search(source) or "forward_backward" in source:
             parse(path, source, holds_marker)
 
     index: dict[str, list[Caller]] = {}
