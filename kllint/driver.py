@@ -36,7 +36,7 @@ from kllint.analysis.roles import (
 from kllint.analysis.sites import KLSite, build_site, focus_of, kl_terms
 from kllint.analysis.values import Choice, common_condition, show_condition
 from kllint.findings import Finding
-from kllint.prefilter import must_analyse
+from kllint.prefilter import may_hold_kl_term, must_analyse
 from kllint.rules import RULES, Rule
 from kllint.rules.base import context_notes, facts
 
@@ -49,7 +49,10 @@ def check_source(
     ``whole``: parse the whole file with LibCST, so that every node of a
     finding belongs to one tree (the fixer rewrites that tree); otherwise
     only the functions that can compute a KL term are parsed."""
-    if not must_analyse(source, bool(roles.policy or roles.reference or roles.old)):
+    configured = bool(roles.policy or roles.reference or roles.old)
+    # Which helper files this run reports on itself (one bug, one finding).
+    project.prefilter = None if configured else may_hold_kl_term
+    if not must_analyse(source, configured):
         return []  # cannot hold a KL term: not even parsed
     module, sinks = interpret(source, path, project, roles, whole=whole)
     verdicts = _verdicts(sinks, path)

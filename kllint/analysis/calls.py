@@ -171,6 +171,14 @@ class Calls(Expressions):
                 backward=True,
             )
             return Py(None)
+        if method in sinks.STEP_METHODS:
+            # Whichever argument is a differentiable tensor is the loss.
+            for arg in args:
+                value = self.eval(arg.value)
+                if isinstance(value, (ir.Node, Choice)):
+                    description = sinks.backward_description(full_code(call), method)
+                    self.add_sink(value, description, True, call, backward=True)
+            return Py(None)
         receiver = self.eval(func.value)
         if isinstance(receiver, Instance) or (
             isinstance(receiver, Unknown) and receiver.names == ("self",) and self.cls is not None

@@ -401,14 +401,47 @@ class Interpreter(Calls):
                 self.loss_sink_from_return(small, value)
             elif self.depth == 0 and sinks.is_advantage_function(self.function_name):
                 self.advantage_sink_from_return(small, value)
+            elif self.depth == 0 and sinks.may_hold_kl(value):
+                self.caller_sink_from_return(small, value)
             return True
         elif isinstance(small, cst.Raise):
             return True
         return False
 
     def loss_sink_from_return(self, node: cst.Return, value: Value) -> None:
-        for item, description in sinks.returned_losses(self.function_name, node.value, value):
+        returned = sinks.returned_losses(self.function_name, node.value, value)
+        used = sinks.backpropagated_elements(
+            self.context.project, self.module.path, self.function_name, value
+        )
+        if used is not None:
+            # ``return pg_loss, clipfrac, kl``: what the callers add to the loss.
+            elements, caller = used
+            returned += [
+                (item, description)
+                for item, description in sinks.returned_losses(
+                    self.function_name,
+                    node.value,
+                    value,
+                    description=sinks.caller_description(caller, self.function_name),
+                    elements=elements,
+                )
+                if not any(item is seen for seen, _ in returned)
+            ]
+        for item, description in returned:
             self.add_sink(item, description, True, node)
+
+    def caller_sink_from_return(self, node: cst.Return, value: Value) -> None:
+        """A helper whose result a caller in another file backpropagates:
+        judged here, where it is written, naming that caller."""
+        assert isinstance(self.function_node, cst.FunctionDef)
+        caller = sinks.backprop_caller(self.context.project, self.module.path, self.function_node)
+        if caller is None:
+            return
+        description = sinks.caller_description(caller, self.function_name)
+        for item, shown in sinks.returned_losses(
+            self.function_name, node.value, value, description=description, elements=caller.elements
+        ):
+            self.add_sink(item, shown, True, node)
 
     def advantage_sink_from_return(self, node: cst.Return, value: Value) -> None:
         """Advantages that carry a KL, returned to be stored and read by the
@@ -649,6 +682,17 @@ class Interpreter(Calls):
         result = callee.run_function(ref.node, bound, no_grad=self.no_grad)
         if result is None:
             return Py(None)
+        if (
+            self.call_site is None
+            and not site.reported_by_helper
+            and sinks.may_hold_kl(result)
+            and not sinks.is_advantage_function(ref.node.name.value)
+            and self.context.project.reports_on(ref.module)
+            and sinks.backprop_caller(self.context.project, ref.module.path, ref.node) is not None
+        ):
+            # A helper some caller backpropagates is judged in its own file,
+            # naming that caller: one bug, one finding.
+            site.reported_by_helper = True
         return self.credit_rewards(ref.node.name.value, call, result)
 
     def may_matter(self, ref: FuncRef, bound: dict[str, Value]) -> bool:

@@ -632,9 +632,19 @@ def vocabulary_expectation(kind: str, node: ir.Node, origin: ir.Origin) -> ir.No
     on the sampled token y ~ pi:
 
     * KL(pi||pi_ref) per position: grad = E_y[logr grad log pi], as the score
-      function ``sg(logr) * logp``;
-    * KL(pi_ref||pi) per position: grad = E_y[(1 - exp(-logr)) grad log pi],
-      as k3 on the sampled token.
+      function ``sg(logr) * logp``. Summed over time on sampled prefixes it
+      keeps only each token's own term of the sequence gradient (KL003).
+
+    KL(pi_ref||pi) weighted by the reference's (a teacher's) probabilities is
+    left opaque: no claim. Its gradient ``-sum_v p_ref(v) grad log pi(v)`` is
+    exactly the gradient of the divergence the code writes, with no sampling
+    in it, so no estimator is biased; the direction is the author's written
+    choice (distillation towards a teacher). Over a top-k support it is the
+    same divergence to the renormalised top-k teacher, scaled by the
+    teacher's mass there. On prefixes drawn from the reference (teacher or
+    data) the per-position sum is the sequence KL(pi_ref||pi) with its exact
+    gradient; only where the prefixes come from pi is it not, and the code
+    does not say which.
 
     Anything else summed over the vocabulary stays opaque (no claim)."""
     if kind == "sum" and isinstance(node, ir.Binary) and node.op == "mul":
@@ -661,14 +671,5 @@ def vocabulary_expectation(kind: str, node: ir.Node, origin: ir.Origin) -> ir.No
                 # expectation of the score the whole story.
                 return ir.Binary("mul", ir.detach(log_ratio, origin), policy, origin=origin)
             if roles_of == ({Role.REFERENCE_LOGP}, {Role.POLICY_LOGP}):
-                origin.estimate = "exact KL(pi_ref||pi) over the vocabulary at each position"
-                minus = ir.neg(log_ratio, origin)
-                return ir.Binary(
-                    "sub",
-                    ir.Binary(
-                        "add", ir.Unary("exp", minus, origin=origin), log_ratio, origin=origin
-                    ),
-                    ir.Const(1.0),
-                    origin=origin,
-                )
+                return ir.Opaque("an exact KL(pi_ref||pi) over the vocabulary")
     return ir.Opaque("a sum over the vocabulary")

@@ -13,12 +13,13 @@ import bisect
 import os
 import re
 import stat
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import libcst as cst
 
+from kllint.analysis import callers
 from kllint.analysis.module import ClassInfo, ModuleInfo, Sketch
 from kllint.analysis.values import FuncRef
 
@@ -96,7 +97,15 @@ class Project:
         self._defaults_of: dict[Path, _PackageDefaults] = {}
         self._files: dict[tuple[str, Path, int], Path | None] = {}
         self._sketches: dict[Path, Sketch] = {}
-        self._texts: dict[Path, str] = {}
+        # Texts of files sketched and not yet parsed.
+        self._sketched_texts: dict[Path, str] = {}
+        # Callers that backpropagate a helper's result, per scanned directory:
+        # built on first use (most files never ask), once per run.
+        self._texts: dict[str, str | None] = {}
+        # The text test a linted file must pass to be analysed (set by the
+        # driver; None when every file is analysed).
+        self.prefilter: Callable[[str], bool] | None = None
+        self._backprop: dict[Path, tuple[dict[str, list[callers.Caller]], list[str]]] = {}
         # Every file the analysis used since the caller last cleared it (the
         # results cache re-analyses a file when one of these changes).
         self.read_paths: set[str] = set()
@@ -123,7 +132,7 @@ class Project:
         self.read_paths.add(str(path))
         if path not in self._modules:
             try:
-                source = self._texts.pop(path, None) or path.read_text(encoding="utf-8")
+                source = self._sketched_texts.pop(path, None) or path.read_text(encoding="utf-8")
             except (OSError, UnicodeDecodeError):
                 self._modules[path] = None
                 return None
@@ -166,9 +175,9 @@ class Project:
         return self._files[key]
 
     def _source(self, path: Path) -> str:
-        if path not in self._texts:
-            self._texts[path] = path.read_text(encoding="utf-8")
-        return self._texts[path]
+        if path not in self._sketched_texts:
+            self._sketched_texts[path] = path.read_text(encoding="utf-8")
+        return self._sketched_texts[path]
 
     def resolve_module(self, dotted: str, importer: Path, level: int = 0) -> ModuleInfo | None:
         """The module ``dotted`` as imported from ``importer`` (``level`` dots)."""
@@ -258,6 +267,44 @@ class Project:
                     queue.append(found)
         return None
 
+    # ------------------------------------------------------------ callers
+
+    def backprop_callers(self, importer: Path, name: str) -> list[callers.Caller]:
+        """Calls of a function named ``name``, anywhere in the project that
+        contains ``importer``, whose result reaches a backward pass."""
+        root = self._scan_root(importer)
+        if root not in self._backprop:
+            files = list(_python_files(root))
+            sources = [(path, text) for path in files if (text := self._text(path)) is not None]
+            self._backprop[root] = (callers.build_index(sources), files)
+        index, files = self._backprop[root]
+        # Any file may gain or lose a backward pass: each one is a dependency.
+        self.read_paths.update(files)
+        return index.get(name, [])
+
+    def reports_on(self, module: ModuleInfo) -> bool:
+        """Whether ``module``, when linted, is analysed at all (its text passes
+        the prefilter): a helper's finding may be left to its own file only
+        then. Which files a run names does not matter, so that a file gives
+        the same findings however it is reached (and cached)."""
+        return self.prefilter is None or self.prefilter(module.source)
+
+    def _text(self, path: str) -> str | None:
+        """A file's text, read once for the scans that read whole packages
+        (defaults, callers)."""
+        if path not in self._texts:
+            try:
+                self._texts[path] = Path(path).read_text(encoding="utf-8", errors="replace")
+            except OSError:
+                self._texts[path] = None
+        return self._texts[path]
+
+    @staticmethod
+    def _scan_root(importer: Path) -> Path:
+        """The top package holding ``importer`` (its directory for a script
+        outside a package): where its callers are looked for."""
+        return _top_package_dir(importer) or importer.resolve().parent
+
     # ------------------------------------------------------------ defaults
 
     def config_defaults(self, importer: Path, key: str) -> list[Default]:
@@ -293,8 +340,10 @@ class Project:
                     # Regular files only: reading a FIFO named ``*.yaml`` never returns.
                     if not stat.S_ISREG(path.stat().st_mode):
                         continue
-                    text = path.read_text(encoding="utf-8", errors="replace")
                 except OSError:
+                    continue
+                text = self._text(str(path.resolve()))
+                if text is None:
                     continue
                 defaults.files.append(str(path.resolve()))
                 shown = _relative(path, top)
@@ -369,6 +418,22 @@ class Project:
                             _literal(default.group(1)),
                             f"field default in {shown}:{number}",
                         )
+
+
+def _python_files(root: Path) -> Iterator[str]:
+    """Every regular ``.py`` file under ``root`` (absolute paths), skipping
+    virtual environments, caches and build outputs."""
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS and not d.startswith("."))
+        for filename in sorted(filenames):
+            if not filename.endswith(".py"):
+                continue
+            path = Path(dirpath) / filename
+            try:
+                if stat.S_ISREG(path.stat().st_mode):
+                    yield str(path.resolve())
+            except OSError:
+                continue
 
 
 def _line_numbers(text: str) -> Callable[[int], int]:

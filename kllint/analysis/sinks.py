@@ -9,11 +9,14 @@ Functions over names and already-evaluated values: the interpreter asks
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import libcst as cst
 
-from kllint.analysis import roles
-from kllint.analysis.values import DictVal, Seq, Value
+from kllint.analysis import callers, ir, roles
+from kllint.analysis.callers import Caller
+from kllint.analysis.project import Project
+from kllint.analysis.values import Choice, DictVal, Seq, Value
 
 
 @dataclass
@@ -32,7 +35,9 @@ class Sink:
     inlined_call: cst.CSTNode | None = None
 
 
-BACKWARD_METHODS = frozenset({"backward", "manual_backward"})
+BACKWARD_METHODS = callers.BACKWARD_METHODS
+# An optimiser step given the loss itself (``strategy.optimizer_step(optimizer, loss, model)``).
+STEP_METHODS = callers.STEP_METHODS
 
 # Framework entry points whose return value is the loss.
 LOSS_FUNCTIONS = frozenset(
@@ -130,11 +135,19 @@ def is_advantage_function(name: str) -> bool:
 
 
 def returned_losses(
-    function_name: str, returned: cst.BaseExpression | None, value: Value
+    function_name: str,
+    returned: cst.BaseExpression | None,
+    value: Value,
+    *,
+    description: str | None = None,
+    elements: tuple[int, ...] | None = None,
 ) -> list[tuple[Value, str]]:
     """The parts of a loss function's return value that are losses, each with
-    how it reaches the loss."""
-    description = f"the value returned by `{function_name}`"
+    how it reaches the loss. ``elements``: the positions in a returned tuple
+    that callers backpropagate (``pg_loss, clipfrac, kl = helper(...)``)."""
+    description = description or f"the value returned by `{function_name}`"
+    if elements is not None and isinstance(value, Seq):
+        return [(value.items[i], description) for i in elements if i < len(value.items)]
     if isinstance(value, DictVal):
         return [
             (item, f"{description} as `{key}`")
@@ -143,14 +156,91 @@ def returned_losses(
         ]
     if isinstance(value, Seq) and value.items and isinstance(returned, (cst.Tuple, cst.List)):
         # ``return loss, metrics``: the elements named like a loss, else the first.
-        elements = [e.value for e in returned.elements]
+        written = [e.value for e in returned.elements]
         named = [
             v
-            for e, v in zip(elements, value.items)
+            for e, v in zip(written, value.items)
             if isinstance(e, cst.Name) and is_loss_name(e.value)
         ]
         return [(item, description) for item in named or value.items[:1]]
     return [(value, description)]
+
+
+# A parameter with one of these words may pick the estimator at the call
+# (``kl_type="k3"``): such a helper is judged at its calls, with the argument.
+_STEERING_WORDS = frozenset(
+    {"kind", "type", "mode", "variant", "estimator", "penalty", "approx", "method"}
+)
+
+
+def backprop_caller(project: Project, path: Path, fn: cst.FunctionDef) -> Caller | None:
+    """A caller in another file (or a pipeline given it as its loss callback)
+    that backpropagates what ``fn`` returns, so that ``fn`` is judged where it
+    is written: once, with the caller named in the finding. None when a
+    parameter may choose the estimator: then only a call site can say which."""
+    if _steerable(fn):
+        return None
+    here = str(path.resolve())
+    for caller in project.backprop_callers(path, fn.name.value):
+        if caller.callback or caller.path != here:
+            return caller
+    return None
+
+
+def backpropagated_elements(
+    project: Project, path: Path, function_name: str, value: Value
+) -> tuple[tuple[int, ...], Caller] | None:
+    """The elements of a returned tuple that callers anywhere in the project
+    backpropagate (``per_token_loss = pg_loss + beta * kl`` after
+    ``pg_loss, clipfrac, kl = compute_grpo_loss(...)``): a loss function's
+    caller decides which of its results are losses, not their names."""
+    if not (isinstance(value, Seq) and may_hold_kl(value)):
+        return None
+    callers = [c for c in project.backprop_callers(path, function_name) if c.elements]
+    used = {position for caller in callers for position in caller.elements or ()}
+    return (tuple(sorted(used)), callers[0]) if used else None
+
+
+def _steerable(fn: cst.FunctionDef) -> bool:
+    params = fn.params
+    for param in [*params.posonly_params, *params.params, *params.kwonly_params]:
+        if isinstance(param.default, (cst.SimpleString, cst.ConcatenatedString)):
+            return True
+        if set(roles.words(param.name.value)) & _STEERING_WORDS:
+            return True
+    return False
+
+
+def caller_description(caller: Caller, function_name: str) -> str:
+    """``returned by `per_token_terms` to `train_step` (trainer.py:41), which calls `.backward()```."""
+    where = f"{_shown(caller.path)}:{caller.line}"
+    if caller.callback:
+        return f"`{function_name}`, which `{caller.function}` ({where}) {caller.via}"
+    return (
+        f"the value returned by `{function_name}` to `{caller.function}` ({where}), "
+        f"which {caller.via}"
+    )
+
+
+def _shown(path: str) -> str:
+    try:
+        return Path(path).relative_to(Path.cwd()).as_posix()
+    except ValueError:
+        return Path(path).name
+
+
+def may_hold_kl(value: Value) -> bool:
+    """Whether a value mentions a reference policy's log-probs: only then is
+    it worth asking who backpropagates it."""
+    if isinstance(value, ir.Node):
+        return value.has_role(ir.Role.REFERENCE_LOGP)
+    if isinstance(value, Choice):
+        return any(may_hold_kl(v) for _, v in value.options)
+    if isinstance(value, Seq):
+        return any(may_hold_kl(v) for v in value.items)
+    if isinstance(value, DictVal):
+        return any(may_hold_kl(v) for v in value.items.values())
+    return False
 
 
 def backward_description(call_code: str, method: str) -> str:
