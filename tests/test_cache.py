@@ -32,8 +32,11 @@ def _logged_check_source(source: str, path: str, project: object, roles: object)
 
 @pytest.fixture
 def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A package: ``train.py`` and ``rollout.py`` call a KL helper in
-    ``estimates.py``; ``data.py`` uses nothing of it."""
+    """A package: ``train.py`` and ``rollout.py`` backpropagate a k3 helper
+    of ``estimates.py`` (reported once, where it is written); ``data.py``
+    uses nothing of it and backpropagates nothing (a file with a backward
+    pass could become a caller of any helper: every helper judged by its
+    callers depends on it)."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("KLLINT_CACHE_DIR", raising=False)
     monkeypatch.setenv("KLLINT_TEST_ANALYSED", str(tmp_path / "analysed.log"))
@@ -60,7 +63,7 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
             )
         )
     (package / "data.py").write_text(
-        "def collate(batch, ref_logp):\n    loss = batch.sum()\n    loss.backward()\n"
+        "def collate(batch, ref_logp):\n    return batch.sum()\n"
     )
     return package
 
@@ -78,7 +81,7 @@ def run(*args: str) -> tuple[str, list[str]]:
 def test_a_warm_run_reports_the_same_without_analysing(project: Path) -> None:
     cold, analysed = run("pkg")
     assert analysed == ["data.py", "estimates.py", "rollout.py", "train.py"]
-    assert "pkg/train.py:5:15: KL002" in cold
+    assert "pkg/estimates.py:5:12: KL002" in cold  # where the estimator is written
     warm, analysed = run("pkg")
     assert (warm, analysed) == (cold, [])
     assert (Path(CACHE_DIR_NAME) / ".gitignore").read_text().endswith("*\n")
@@ -101,13 +104,26 @@ def test_editing_a_helper_reanalyses_exactly_the_files_that_used_it(project: Pat
     )
     output, analysed = run("pkg")
     assert analysed == ["estimates.py", "rollout.py", "train.py"]
-    assert "KL002" not in output and "pkg/train.py:5:15: KL001" in output
+    assert "KL002" not in output and "pkg/estimates.py:5:12: KL001" in output
 
 
 def test_editing_a_file_reanalyses_only_that_file(project: Path) -> None:
+    tools = project.parent / "tools"  # a script of its own, outside the package
+    tools.mkdir()
+    (tools / "plot.py").write_text((project / "data.py").read_text())
+    run("pkg", "tools")
+    (tools / "plot.py").write_text("# edited\n" + (tools / "plot.py").read_text())
+    assert run("pkg", "tools")[1] == ["plot.py"]
+
+
+def test_editing_any_file_of_the_package_reanalyses_the_helpers_judged_by_callers(
+    project: Path,
+) -> None:
+    # Any file of the package could gain a backward pass over a helper's
+    # result, so the files whose verdicts rest on the callers depend on all.
     run("pkg")
     (project / "data.py").write_text("# edited\n" + (project / "data.py").read_text())
-    assert run("pkg")[1] == ["data.py"]
+    assert run("pkg")[1] == ["data.py", "estimates.py", "rollout.py", "train.py"]
 
 
 def test_other_settings_do_not_share_results(project: Path) -> None:
@@ -173,19 +189,22 @@ def test_a_warm_run_reads_only_files_with_findings(
 
     monkeypatch.setattr(engine, "_read", logged_read)
     assert run("pkg") == (cold, [])
-    assert sorted(read) == ["rollout.py", "train.py"]  # their findings are shown with their code
+    assert sorted(read) == ["estimates.py"]  # its finding is shown with its code
 
 
 def test_a_change_that_keeps_size_and_mtime_is_still_seen(project: Path) -> None:
     # The status includes the ctime, which any write moves and no tool sets back.
-    data = project / "data.py"
+    tools = project.parent / "tools"
+    tools.mkdir()
+    data = tools / "plot.py"
+    data.write_text((project / "data.py").read_text())
     old = time.time() - 60
     os.utime(data, (old, old))
-    run("pkg")
+    run("pkg", "tools")
     text = data.read_text()
     data.write_text(text.replace("batch.sum()", "batch.max()"))  # same size
     os.utime(data, (old, old))
-    assert run("pkg")[1] == ["data.py"]
+    assert run("pkg", "tools")[1] == ["plot.py"]
 
 
 def test_a_read_only_cache_directory_is_not_an_error(project: Path) -> None:
