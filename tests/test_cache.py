@@ -62,9 +62,7 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
                 """
             )
         )
-    (package / "data.py").write_text(
-        "def collate(batch, ref_logp):\n    return batch.sum()\n"
-    )
+    (package / "data.py").write_text("def collate(batch, ref_logp):\n    return batch.sum()\n")
     return package
 
 

@@ -11,6 +11,7 @@ Functions over CST nodes and already-evaluated values."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import libcst as cst
@@ -134,6 +135,10 @@ def config_default(
     setting that picks an item, ``stack[args.kl_estimator]``) may be an int."""
     if base.call or base.module is not None:
         return None
+    if base.names == ("self",) and cls is not None:
+        given = init_default(module, cls, attr, index=index)
+        if given is not None:
+            return given
     typed = typed_default(project, module, function, cls, base.names, attr, index=index)
     if typed is not None:
         return typed
@@ -164,6 +169,63 @@ def config_default(
     return Py(
         defaults[0].value, source="; ".join(sources[:2]) + (" ..." if len(sources) > 2 else "")
     )
+
+
+def init_default(
+    module: ModuleInfo, cls: ClassInfo, attr: str, *, index: bool = False
+) -> Py | None:
+    """``self.kl_loss_type`` set once, in ``__init__``, from a parameter
+    with a default (``kl_loss_type="low_var_kl"``): that default, as for a
+    config field. Not when any other line of the file assigns the attribute."""
+    init = cls.methods.get("__init__")
+    if init is None or not isinstance(init.body, cst.IndentedBlock):
+        return None
+    assignments = re.findall(
+        rf"self\.{re.escape(attr)}\s*(?:[-+*/]?=)(?!=)", _class_text(module, cls)
+    )
+    if len(assignments) != 1:
+        return None
+    defaults = {
+        p.name.value: p.default
+        for p in [*init.params.params, *init.params.kwonly_params]
+        if p.default is not None
+    }
+    for statement in init.body.body:
+        if not isinstance(statement, cst.SimpleStatementLine):
+            continue
+        for small in statement.body:
+            if not (isinstance(small, cst.Assign) and len(small.targets) == 1):
+                continue
+            target = small.targets[0].target
+            if not (
+                isinstance(target, cst.Attribute)
+                and dotted_name(target) == f"self.{attr}"
+                and isinstance(small.value, cst.Name)
+            ):
+                continue
+            default = defaults.get(small.value.value)
+            literal: object = None
+            if isinstance(default, cst.SimpleString):
+                literal = default.evaluated_value
+            elif index and isinstance(default, cst.Integer):
+                literal = int(default.value, 0)
+            if isinstance(literal, (str, int)):
+                line = module.line_of_class(cls.name)
+                return Py(literal, source=f"`{cls.name}.__init__` ({module.path.name}:{line})")
+    return None
+
+
+def _class_text(module: ModuleInfo, cls: ClassInfo) -> str:
+    """The lines of a top-level class: from its header to the next line that
+    starts at column 0 with code (the whole file if it cannot be placed)."""
+    start = module.line_of_class(cls.name)
+    if start == 0:
+        return module.source
+    lines = module.source.split("\n")
+    end = start
+    while end < len(lines) and not re.match(r"[^\s#]", lines[end]):
+        end += 1
+    return "\n".join(lines[start - 1 : end])
 
 
 def typed_default(
