@@ -474,6 +474,19 @@ class Calls(Expressions):
     def _reference_args(self, call: cst.Call) -> bool:
         names = [n for a in call.args for n in chain_names(a.value)]
         func_names = chain_names(call.func)
+        # Inside a helper, ``model(ids)`` is the reference model when the
+        # caller passed one (``_lp(self.ref_model, ids)``): the parameter
+        # holds what the caller named it (its last name: ``ref_policy``, not
+        # the ``from_pretrained`` it was built with), and what that model
+        # returned (``out.log_softmax(-1)``) stays the reference's.
+        base = call.func
+        while isinstance(base, (cst.Attribute, cst.Call, cst.Subscript)):
+            base = base.func if isinstance(base, cst.Call) else base.value
+        bound = self.env.get(base.value) if isinstance(base, cst.Name) else None
+        if isinstance(bound, Unknown):
+            if bound.reference_model:
+                return True
+            names.extend(bound.names[-1:])
         return self.context.role_patterns.is_reference_model(names + func_names)
 
     def logprob_call(
