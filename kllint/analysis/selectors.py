@@ -180,11 +180,6 @@ def init_default(
     init = cls.methods.get("__init__")
     if init is None or not isinstance(init.body, cst.IndentedBlock):
         return None
-    assignments = re.findall(
-        rf"self\.{re.escape(attr)}\s*(?:[-+*/]?=)(?!=)", _class_text(module, cls)
-    )
-    if len(assignments) != 1:
-        return None
     defaults = {
         p.name.value: p.default
         for p in [*init.params.params, *init.params.kwonly_params]
@@ -209,7 +204,10 @@ def init_default(
                 literal = default.evaluated_value
             elif index and isinstance(default, cst.Integer):
                 literal = int(default.value, 0)
-            if isinstance(literal, (str, int)):
+            assigned = rf"self\.{re.escape(attr)}\s*(?:[-+*/]?=)(?!=)"
+            if isinstance(literal, (str, int)) and (
+                len(re.findall(assigned, _class_text(module, cls))) == 1
+            ):
                 line = module.line_of_class(cls.name)
                 return Py(literal, source=f"`{cls.name}.__init__` ({module.path.name}:{line})")
     return None
@@ -218,6 +216,16 @@ def init_default(
 def _class_text(module: ModuleInfo, cls: ClassInfo) -> str:
     """The lines of a top-level class: from its header to the next line that
     starts at column 0 with code (the whole file if it cannot be placed)."""
+    key = (module.path, cls.name)
+    if key not in _CLASS_TEXTS:
+        _CLASS_TEXTS[key] = _class_lines(module, cls)
+    return _CLASS_TEXTS[key]
+
+
+_CLASS_TEXTS: dict[tuple[Path, str], str] = {}
+
+
+def _class_lines(module: ModuleInfo, cls: ClassInfo) -> str:
     start = module.line_of_class(cls.name)
     if start == 0:
         return module.source
