@@ -72,19 +72,6 @@ def usable_cpus() -> int:
     return max(1, cpus)
 
 
-def spare_cpus() -> int:
-    """Usable CPUs that other processes are not already keeping busy (by the
-    one-minute load average): on a shared machine or a busy CI runner, a
-    second worker would only repeat the first one's project index and helper
-    parsing on a core that is not free."""
-    cpus = usable_cpus()
-    try:
-        busy = int(os.getloadavg()[0])
-    except (AttributeError, OSError):  # not on every OS
-        return cpus
-    return max(1, min(cpus, cpus - busy))
-
-
 def run(
     tasks: Sequence[Task],
     workers: int,

@@ -32,22 +32,10 @@ def test_workers_follow_the_work_not_the_file_count(monkeypatch: pytest.MonkeyPa
     from kllint import workers
 
     monkeypatch.setattr(workers, "usable_cpus", lambda: 8)
-    monkeypatch.setattr(workers.os, "getloadavg", lambda: (0.3, 0.5, 0.5))
     assert engine.worker_count(100 << 10, None) == 1  # 100 KB to analyse: one worker
     assert engine.worker_count(2 * engine.PARALLEL_MIN_BYTES, None) == 2
     assert engine.worker_count(1 << 30, None) == 8
     assert engine.worker_count(1 << 30, 3) == 3  # --jobs caps it
-
-
-def test_a_busy_machine_gets_fewer_workers(monkeypatch: pytest.MonkeyPatch) -> None:
-    from kllint import workers
-
-    monkeypatch.setattr(workers, "usable_cpus", lambda: 8)
-    monkeypatch.setattr(workers.os, "getloadavg", lambda: (6.4, 6.0, 5.0))
-    assert engine.worker_count(1 << 30, None) == 2  # six of eight CPUs are busy
-    monkeypatch.setattr(workers.os, "getloadavg", lambda: (12.0, 6.0, 5.0))
-    assert engine.worker_count(1 << 30, None) == 1
-    assert engine.worker_count(1 << 30, 4) == 4  # --jobs is the user's call
 
 
 def test_a_cgroup_quota_caps_the_workers(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
