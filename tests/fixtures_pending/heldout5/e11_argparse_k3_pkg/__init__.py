@@ -1,0 +1,1 @@
+"""A small OpenRLHF-like trainer package."""

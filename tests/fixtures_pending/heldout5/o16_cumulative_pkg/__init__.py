@@ -1,0 +1,1 @@
+"""Cumulative (reward-to-go) KL estimator, split over modules."""
