@@ -16,55 +16,25 @@ calls a helper it defines.
 One compiled expression over the lowercased text, each of its branches
 starting with a literal (``kl``, ``log``, ``prob``, ``.log(``), so that the
 regular-expression engine skips ahead in C: a scan of every identifier in
-Python cost more than the rest of a warm run. It imports nothing from the
-analysis (which needs LibCST), so the engine decides in its own process which
-files need a worker; ``tests/test_prefilter.py`` keeps its words in step with
-the role vocabulary of ``analysis/roles.py``.
+Python cost more than the rest of a warm run. It imports only the policy
+words of the analysis (``analysis/policy_words.py``, no LibCST), so the engine
+decides in its own process which files need a worker.
 """
 
 from __future__ import annotations
 
 import re
 
-# Words naming the policy whose probabilities these are (the reference and
-# behaviour words of ``roles.REFERENCE_WORDS`` and ``roles.OLD_WORDS``, and
-# the current policy's): ``pi_ref``, ``ref_probs``, ``old_pi``.
-POLICY_WORDS = [
-    "ref",
-    "refs",
-    "reference",
-    "base",
-    "init",
-    "initial",
-    "sft",
-    "teacher",
-    "prior",
-    "anchor",
-    "frozen",
-    "pretrained",
-    "old",
-    "behav",
-    "behaviour",
-    "behavior",
-    "rollout",
-    "sampling",
-    "sampled",
-    "vllm",
-    "prev",
-    "previous",
-    "mu",
-    "inference",
-    "gen",
-    "generation",
-    "new",
-    "cur",
-    "curr",
-    "current",
-    "online",
-    "student",
-    "policy",
-    "actor",
-]
+from kllint.analysis.policy_words import OLD_WORDS, REFERENCE_WORDS
+
+# Words naming the policy whose probabilities these are: the reference and
+# behaviour words of the role vocabulary, and the current policy's
+# (``pi_ref``, ``ref_probs``, ``old_pi``, ``new_probs``).
+POLICY_WORDS = sorted(
+    REFERENCE_WORDS
+    | OLD_WORDS
+    | {"new", "cur", "curr", "current", "online", "student", "policy", "actor"}
+)
 
 # What a log of probabilities is taken of: a word for probabilities, a
 # softmax, a lone p or q, or the name of a policy (``torch.log(new / old)``).

@@ -22,6 +22,7 @@ import libcst as cst
 from kllint.analysis import ir
 from kllint.analysis.ir import Level, Role
 from kllint.analysis.module import ClassInfo, FunctionKey, ModuleInfo, Sketch
+from kllint.analysis.policy_words import OLD_WORDS, REFERENCE_WORDS
 from kllint.analysis.values import (
     Choice,
     DictVal,
@@ -72,40 +73,6 @@ AFTER_LOG_WORDS = frozenset(
     }
 )
 PROB_WORDS = frozenset({"prob", "probs", "pi", "probabilities"})
-REFERENCE_WORDS = frozenset(
-    {
-        "ref",
-        "refs",
-        "reference",
-        "base",
-        "init",
-        "initial",
-        "sft",
-        "teacher",
-        "prior",
-        "anchor",
-        "frozen",
-        "pretrained",
-    }
-)
-OLD_WORDS = frozenset(
-    {
-        "old",
-        "behav",
-        "behaviour",
-        "behavior",
-        "rollout",
-        "sampling",
-        "sampled",
-        "vllm",
-        "prev",
-        "previous",
-        "mu",
-        "inference",
-        "gen",
-        "generation",
-    }
-)
 SEQUENCE_WORDS = frozenset(
     {
         "seq",
