@@ -23,7 +23,16 @@ from pathlib import Path
 
 def findings(root: Path) -> list[list[object]]:
     out = subprocess.run(
-        [sys.executable, "-m", "kllint", "--format", "json", "--exit-zero", str(root)],
+        [
+            sys.executable,
+            "-m",
+            "kllint",
+            "--no-cache",
+            "--format",
+            "json",
+            "--exit-zero",
+            str(root),
+        ],
         capture_output=True,
         text=True,
         check=True,
