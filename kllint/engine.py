@@ -335,7 +335,7 @@ def _analyse(source: _Source, project: Project) -> _Outcome:
     import libcst
 
     shown, text = source.shown, source.text
-    project.read_paths.clear()
+    project.begin_file()
     try:
         # Python's own parser warns about odd code (``1()``) on stderr; the
         # report is the only output.

@@ -63,6 +63,7 @@ class Default:
 
 @dataclass
 class _PackageDefaults:
+    root: Path
     table: dict[str, list[Default]] = field(default_factory=dict)
     files: list[str] = field(default_factory=list)  # every file scanned
 
@@ -109,6 +110,21 @@ class Project:
         # Every file the analysis used since the caller last cleared it (the
         # results cache re-analyses a file when one of these changes).
         self.read_paths: set[str] = set()
+        self._noted: set[Path] = set()  # package roots whose defaults are in read_paths
+        self._real: dict[Path, Path] = {}
+
+    def begin_file(self) -> None:
+        """Start recording the files the next analysis reads."""
+        self.read_paths.clear()
+        self._noted.clear()
+
+    def _resolve(self, path: Path) -> Path:
+        # ``Path.resolve`` asks the file system at every step of the path; a
+        # run asks about the same few helper files tens of thousands of times.
+        real = self._real.get(path)
+        if real is None:
+            real = self._real[path] = path.resolve()
+        return real
 
     # ------------------------------------------------------------ modules
 
@@ -128,7 +144,7 @@ class Project:
         return info
 
     def module_at(self, path: Path) -> ModuleInfo | None:
-        path = path.resolve()
+        path = self._resolve(path)
         self.read_paths.add(str(path))
         if path not in self._modules:
             try:
@@ -151,11 +167,11 @@ class Project:
         return self._modules[path]
 
     def is_parsed(self, path: Path) -> bool:
-        return path.resolve() in self._modules
+        return self._resolve(path) in self._modules
 
     def sketch_at(self, path: Path) -> Sketch | None:
         """The file's sketch (see ``Sketch``), without parsing it with LibCST."""
-        path = path.resolve()
+        path = self._resolve(path)
         self.read_paths.add(str(path))
         module = self._modules.get(path)
         if module is not None:
@@ -319,11 +335,14 @@ class Project:
             if root not in self._defaults:
                 self._defaults[root] = self._scan_defaults(root, top)
             self._defaults_of[importer] = self._defaults[root]
-        self.read_paths.update(self._defaults_of[importer].files)
-        return self._defaults_of[importer].table.get(key, [])
+        defaults = self._defaults_of[importer]
+        if defaults.root not in self._noted:
+            self._noted.add(defaults.root)
+            self.read_paths.update(defaults.files)
+        return defaults.table.get(key, [])
 
     def _scan_defaults(self, root: Path, top: Path) -> _PackageDefaults:
-        defaults = _PackageDefaults()
+        defaults = _PackageDefaults(root)
         if root.is_file():
             defaults.files.append(str(root))
             self._scan_python(
