@@ -70,7 +70,7 @@ def interpret(
     term and the module's own statements: the values that reach a loss.
     The module is None when the file was parsed function by function."""
     info = None if whole else project.add_source(Path(path), source)
-    if info is None or _top_level_matters(info.top_level_text):
+    if info is None or _top_level_matters(info.top_level_names):
         # A script's own statements (a training loop at module level) are
         # interpreted in one tree with its functions.
         info = project.add_module(Path(path), cst.parse_module(source), source)
@@ -94,11 +94,8 @@ def interpret(
     return parsed, context.sinks
 
 
-def _top_level_matters(text: str) -> bool:
-    return any(relevant_identifier(i) for i in set(_IDENTIFIER.findall(text)))
-
-
-_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+def _top_level_matters(names: set[str]) -> bool:
+    return any(relevant_identifier(name) for name in names)
 
 
 def kl_sites(sinks: list[Sink], path: str) -> Iterator[KLSite]:

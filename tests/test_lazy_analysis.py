@@ -139,3 +139,18 @@ def test_a_helper_read_definition_by_definition_keeps_imports_and_constants() ->
     assert isinstance(info.constants["ESTIMATOR"], cst.SimpleString)
     assert info.constants["b"].value == "'k3'"  # type: ignore[attr-defined]
     assert info.functions["guarded"].name.value == "guarded"
+
+
+def test_a_file_is_parsed_whole_only_when_its_own_code_can_compute_a_kl_term() -> None:
+    # A table of renamings that says ``log_softmax`` only in its strings
+    # computes nothing; a script's loop that computes log-probs does.
+    table = (
+        "RENAMES = {r'log_softmax\\.mlp': 'head.mlp'}\n"
+        "def forward(self, x):\n"
+        "    return self.mlp(x)\n"
+    )
+    script = "logps = model(ids).logits.log_softmax(-1)\nloss = (logps - ref).mean()\n"
+    assert ModuleInfo.of_helper(Path("m.py"), table).top_level_names == {"RENAMES"}
+    assert {"log_softmax", "logps", "loss"} <= ModuleInfo.of_helper(
+        Path("s.py"), script
+    ).top_level_names

@@ -85,9 +85,10 @@ class ModuleInfo:
         self.source = source
         self._def_lines: dict[str, int] | None = None
         self._sketch = sketch
-        # The file's own statements that define nothing (a script's loop),
-        # for a file read definition by definition.
-        self.top_level_text = ""
+        # The names in the file's own statements that define nothing (a
+        # script's loop), for a file read definition by definition. Code
+        # only: a string that says ``log_softmax`` computes nothing.
+        self.top_level_names: set[str] = set()
         self.functions: dict[str, cst.FunctionDef] = {}
         self.classes: dict[str, ClassInfo] = {}
         self.imports: dict[str, ImportedName] = {}
@@ -250,12 +251,9 @@ class _Pieces:
             ):
                 constant: Any = _Pending(self.constant(statement))
                 info.constants[statement.targets[0].id] = constant
-                info.top_level_text += self.text(statement)
+                info.top_level_names |= _names_in(statement)
             else:
-                info.top_level_text += self.text(statement)
-
-    def text(self, statement: ast.stmt) -> str:
-        return "\n".join(self.lines[slice(*self.span(statement))]) + "\n"
+                info.top_level_names |= _names_in(statement)
 
     def span(self, statement: ast.stmt) -> tuple[int, int]:
         decorators = getattr(statement, "decorator_list", [])
@@ -338,6 +336,20 @@ class Sketch:
 
     def names(self, cls: str | None, name: str) -> FunctionNames | None:
         return self.functions.get((cls, name))
+
+
+def _names_in(statement: ast.stmt) -> set[str]:
+    names = set()
+    for node in ast.walk(statement):
+        if isinstance(node, ast.Name):
+            names.add(node.id)
+        elif isinstance(node, ast.Attribute):
+            names.add(node.attr)
+        elif isinstance(node, (ast.keyword, ast.arg)) and node.arg:
+            names.add(node.arg)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+    return names
 
 
 def _function_names(source: str, classes: dict[str, list[str]]) -> dict[FunctionKey, FunctionNames]:
