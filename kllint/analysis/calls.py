@@ -501,7 +501,10 @@ class Calls(Expressions):
             code(call),
             (name, *hints),
             call=True,
-            reference_model=self._reference_args(call),
+            # ``F.log_softmax(logits)`` in a helper given ``ref_model(ids).logits``:
+            # the log-probs of the reference's logits are the reference's.
+            reference_model=self._reference_args(call)
+            or (receiver is None and source is not None and source.reference_model),
             logprob_op=True,
             distribution=name == "log_softmax",
             per_token=source is not None and source.per_token,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import libcst as cst
@@ -249,7 +249,11 @@ class RolePatterns:
         return None
 
     def is_reference_model(self, names: Iterable[str]) -> bool:
-        return any(self.role_from_words(n) is Role.REFERENCE_LOGP for n in names)
+        # Every model is loaded ``from_pretrained``: that says nothing of
+        # which policy it is.
+        return any(
+            self.role_from_words(n) is Role.REFERENCE_LOGP for n in names if n != "from_pretrained"
+        )
 
 
 def level_of(name: str) -> Level:
@@ -389,6 +393,9 @@ def name_logprob(name: str, value: Value, patterns: RolePatterns, *, no_grad: bo
     compute a log-prob (a model forward, a gather) does not matter, only
     which policy it belongs to and whether it carries gradient. A value
     that already involves the reference is a log-ratio and is kept."""
+    renamed = _reference_renamed(name, value, patterns)
+    if renamed is not None:
+        return renamed
     nodes = [v for _, v in value.options] if isinstance(value, Choice) else [value]
     for n in nodes:
         if not isinstance(n, ir.Node):
@@ -412,6 +419,22 @@ def name_logprob(name: str, value: Value, patterns: RolePatterns, *, no_grad: bo
         atom: ir.Node = ir.Atom(role, name, level_of(name))
         return ir.detach(atom) if detached or no_grad else atom
     return resolve(Unknown(name, (name,), call=True, detached=detached), patterns, no_grad=no_grad)
+
+
+def _reference_renamed(name: str, value: Value, patterns: RolePatterns) -> ir.Node | None:
+    """``ref_logp, _ = self.logprobs(self.ref_policy, batch)``: the reference
+    log-prob a helper returned goes by the caller's name (``ref_logp``, not the
+    helper's ``token_logps``), the name a message and a fix must use."""
+    if not isinstance(value, ir.Node):
+        return None
+    atoms = list(value.atoms())
+    if len(atoms) != 1 or atoms[0].role is not Role.REFERENCE_LOGP:
+        return None
+    atom = atoms[0]
+    bare = value.arg if isinstance(value, ir.Unary) and value.op == "detach" else value
+    if bare is not atom or patterns.logprob_role(name) is not Role.REFERENCE_LOGP:
+        return None
+    return ir.substitute(value, {id(atom): replace(atom, name=name)})
 
 
 # ----------------------------------------------------------------- relevance
