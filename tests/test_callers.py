@@ -191,3 +191,51 @@ def test_one_bug_one_finding_across_modules(tmp_path: Path) -> None:
     ]
     (helper,) = [f for f in result.findings if f.line == 24]
     assert any("to `train_step`" in note and "trainer.py:31" in note for note in helper.notes)
+
+
+def test_a_value_a_project_helper_detaches_is_left_to_the_caller() -> None:
+    # ``kl_to_go`` detaches what it is given: ``token_log_ratio``'s result is
+    # a weight on the log-probs, which only the caller's analysis can judge.
+    index = build_index(
+        [
+            (
+                "/repo/kl_utils.py",
+                "def kl_to_go(log_ratio, mask):\n"
+                "    log_ratio = log_ratio.detach() * mask\n"
+                "    return log_ratio.flip(-1).cumsum(-1).flip(-1)\n",
+            ),
+            (
+                "/repo/module.py",
+                textwrap.dedent(
+                    """
+                    def training_step(self, batch):
+                        log_ratio = token_log_ratio(batch["logp"], batch["ref_logp"])
+                        kl_loss = (kl_to_go(log_ratio, batch["mask"]) * batch["logp"]).sum()
+                        loss = policy_term(batch) + kl_loss
+                        self.manual_backward(loss)
+                    """
+                ),
+            ),
+        ]
+    )
+    assert "policy_term" in index
+    assert "token_log_ratio" not in index
+
+
+def test_a_caller_of_a_namesake_in_its_own_file_is_marked_local() -> None:
+    # Two scripts each define ``compute_rewards``: each caller calls its own.
+    script = textwrap.dedent(
+        """
+        def compute_rewards(batch):
+            return batch["scores"]
+
+        def step(batch):
+            loss = compute_rewards(batch).mean()
+            loss.backward()
+        """
+    )
+    index = build_index(
+        [("/repo/a.py", script), ("/repo/b.py", "def compute_rewards(x):\n    return x\n")]
+    )
+    [caller] = index["compute_rewards"]
+    assert caller.path == "/repo/a.py" and caller.local

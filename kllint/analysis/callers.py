@@ -56,6 +56,9 @@ class Caller:
     # that reach the loss (None: the whole value).
     elements: tuple[int, ...] | None = None
     callback: bool = False  # passed as a loss function, never inlined by the caller
+    # The callee's name is defined in the caller's own file: the call is to
+    # that function, not to a namesake elsewhere in the project.
+    local: bool = False
 
 
 _Call = tuple[str, int, "tuple[int, ...] | None"]  # (callee, line, elements)
@@ -81,6 +84,7 @@ def build_index(files: Iterable[tuple[str, str]]) -> dict[str, list[Caller]]:
     parsed, and only their functions that hold one are scanned; then the
     functions the index names (to follow their results one caller further)."""
     sources = list(files)
+    detaching = _detaching_functions(sources)
     parsed: set[str] = set()  # modules parsed whole
     blocks: set[tuple[str, int]] = set()  # (module, first line) of functions parsed alone
     definitions: dict[
@@ -94,7 +98,7 @@ def build_index(files: Iterable[tuple[str, str]]) -> dict[str, list[Caller]]:
         fn: ast.FunctionDef | ast.AsyncFunctionDef, path: str, aliases: dict[str, str]
     ) -> _Function:
         if id(fn) not in scanned:
-            scanned[id(fn)] = _scan_function(fn, path, aliases)
+            scanned[id(fn)] = _scan_function(fn, path, aliases, detaching)
         return scanned[id(fn)]
 
     def add(
@@ -155,11 +159,21 @@ def build_index(files: Iterable[tuple[str, str]]) -> dict[str, list[Caller]]:
         if _SINK_CALL.search(source) or "forward_backward" in source:
             parse(path, source, holds_marker)
 
+    source_of = dict(sources)
+    local_names: dict[str, set[str]] = {}
+
+    def defined_here(path: str, name: str) -> bool:
+        if path not in local_names:
+            local_names[path] = set(_DEF_NAME.findall(source_of.get(path, "")))
+        return name in local_names[path]
+
     index: dict[str, list[Caller]] = {}
     for fn_node, path, aliases in with_backward:
         fn = scan(fn_node, path, aliases)
         for callee, line, elements in fn.backprop_calls:
-            index.setdefault(callee, []).append(Caller(fn.name, fn.path, line, fn.via, elements))
+            index.setdefault(callee, []).append(
+                Caller(fn.name, fn.path, line, fn.via, elements, local=defined_here(path, callee))
+            )
     for step in forward_steps:
         for fn_node, path, aliases in definitions.get(step, []):
             fn = scan(fn_node, path, aliases)
@@ -206,7 +220,11 @@ def build_index(files: Iterable[tuple[str, str]]) -> dict[str, list[Caller]]:
                     if callee in index:
                         continue
                     via = f"returns it to `{through.function}`, which {through.via}"
-                    index[callee] = [Caller(fn.name, fn.path, line, via, elements)]
+                    index[callee] = [
+                        Caller(
+                            fn.name, fn.path, line, via, elements, local=defined_here(path, callee)
+                        )
+                    ]
     return index
 
 
@@ -214,7 +232,10 @@ def build_index(files: Iterable[tuple[str, str]]) -> dict[str, list[Caller]]:
 
 
 def _scan_function(
-    fn: ast.FunctionDef | ast.AsyncFunctionDef, path: str, aliases: dict[str, str]
+    fn: ast.FunctionDef | ast.AsyncFunctionDef,
+    path: str,
+    aliases: dict[str, str],
+    detaching: frozenset[str] = frozenset(),
 ) -> _Function:
     body = list(_own_nodes(fn))
     assignments: list[tuple[set[str], ast.expr, list[ast.expr]]] = []
@@ -241,16 +262,16 @@ def _scan_function(
                 # ``losses.append(term)``: the list is assigned what it is given.
                 assignments.append(({node.func.value.id}, node.args[0], [node.func.value]))
 
-    backprop_calls = _calls_reaching(sink_exprs, assignments, aliases)
+    backprop_calls = _calls_reaching(sink_exprs, assignments, aliases, detaching)
     returns = [n.value for n in body if isinstance(n, ast.Return) and n.value is not None]
     returned_calls: dict[int | None, list[_Call]] = {
-        None: _calls_reaching(returns, assignments, aliases)
+        None: _calls_reaching(returns, assignments, aliases, detaching)
     }
     for value in returns:
         if isinstance(value, ast.Tuple):
             for position, element in enumerate(value.elts):
                 returned_calls.setdefault(position, []).extend(
-                    _calls_reaching([element], assignments, aliases)
+                    _calls_reaching([element], assignments, aliases, detaching)
                 )
     callbacks = []
     for value in returns:
@@ -265,6 +286,7 @@ def _calls_reaching(
     roots: list[ast.expr],
     assignments: list[tuple[set[str], ast.expr, list[ast.expr]]],
     aliases: dict[str, str],
+    detaching: frozenset[str] = frozenset(),
 ) -> list[_Call]:
     """Every call whose result flows into one of ``roots``, through the
     function's assignments (a fixed point over names: order and branches are
@@ -273,7 +295,7 @@ def _calls_reaching(
         return []
     names: set[str] = set()
     for root in roots:
-        names |= _names(root)
+        names |= _names(root, detaching)
     reached: list[int] = []
     changed = True
     while changed:
@@ -281,12 +303,12 @@ def _calls_reaching(
         for index, (bound, value, _) in enumerate(assignments):
             if index not in reached and bound & names:
                 reached.append(index)
-                names |= _names(value)
+                names |= _names(value, detaching)
                 changed = True
-    found = [c for root in roots for c in _calls(root, None, aliases)]
+    found = [c for root in roots for c in _calls(root, None, aliases, detaching)]
     for index in reached:
         _, value, targets = assignments[index]
-        found.extend(_calls(value, _elements(targets, names), aliases))
+        found.extend(_calls(value, _elements(targets, names), aliases, detaching))
     return found
 
 
@@ -303,11 +325,14 @@ def _elements(targets: list[ast.expr], names: set[str]) -> tuple[int, ...] | Non
 
 
 def _calls(
-    expr: ast.expr, elements: tuple[int, ...] | None, aliases: dict[str, str]
+    expr: ast.expr,
+    elements: tuple[int, ...] | None,
+    aliases: dict[str, str],
+    detaching: frozenset[str] = frozenset(),
 ) -> Iterator[_Call]:
     """The project calls in an expression, by callee name. Only the call the
     value *is* (possibly under arithmetic and reductions) keeps ``elements``."""
-    for node in _linear_nodes(expr)[0]:
+    for node in _linear_nodes(expr, detaching)[0]:
         if isinstance(node, ast.Call):
             name = _callee(node.func, aliases)
             if name is not None and name not in _GENERIC:
@@ -448,9 +473,12 @@ _NONLINEAR = frozenset(
 )
 
 
-def _linear_nodes(expr: ast.AST) -> tuple[list[ast.AST], set[str]]:
+def _linear_nodes(
+    expr: ast.AST, detaching: frozenset[str] = frozenset()
+) -> tuple[list[ast.AST], set[str]]:
     """The nodes of an expression that its value depends on linearly (with a
-    gradient), and the names it uses non-linearly."""
+    gradient), and the names it uses non-linearly. ``detaching``: the
+    project's functions that detach what they are given."""
     linear: list[ast.AST] = []
     nonlinear: set[str] = set()
     stack = [expr]
@@ -462,7 +490,7 @@ def _linear_nodes(expr: ast.AST) -> tuple[list[ast.AST], set[str]]:
             continue
         if isinstance(node, ast.Call):
             name = _callee(node.func, {})
-            if name in _CUTS:
+            if name in _CUTS or name in detaching:
                 continue
             if name in _NONLINEAR:
                 nonlinear |= {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
@@ -483,8 +511,8 @@ def _linear_nodes(expr: ast.AST) -> tuple[list[ast.AST], set[str]]:
 _NOT_VALUES = frozenset({"self", "cls"})
 
 
-def _names(expr: ast.AST) -> set[str]:
-    linear, nonlinear = _linear_nodes(expr)
+def _names(expr: ast.AST, detaching: frozenset[str] = frozenset()) -> set[str]:
+    linear, nonlinear = _linear_nodes(expr, detaching)
     return {
         n.id
         for n in linear
@@ -536,6 +564,31 @@ def _import_aliases(source: str) -> dict[str, str]:
 
 _DEF_NAME = re.compile(r"^[ \t]*(?:async[ \t]+)?def[ \t]+(\w+)", re.M)
 _DEF = re.compile(r"^([ \t]*)(?:async[ \t]+)?def[ \t]+(\w+)[ \t]*\(")
+
+
+def _detaching_functions(sources: list[tuple[str, str]]) -> frozenset[str]:
+    """Functions that detach their first argument (``kl_to_go(log_ratio)``
+    starting with ``log_ratio = log_ratio.detach()``): a value passed through
+    one is a weight, and the caller, which sees where it goes, judges it.
+    By name, as the rest of the index."""
+    found: set[str] = set()
+    for _, source in sources:
+        if ".detach()" not in source:
+            continue
+        lines = source.splitlines()
+        for start, end in _function_blocks(lines):
+            header = _SIGNATURE.match("\n".join(lines[start : min(end, start + 12)]))
+            if header is None:
+                continue
+            params = [p.split(":")[0].split("=")[0].strip() for p in header.group(2).split(",")]
+            params = [p for p in params if p and p not in ("self", "cls") and not p.startswith("*")]
+            body = "\n".join(lines[start + 1 : end])
+            if params and re.search(rf"\b{re.escape(params[0])}\.detach\(\)", body):
+                found.add(header.group(1))
+    return frozenset(found)
+
+
+_SIGNATURE = re.compile(r"[ \t]*(?:async[ \t]+)?def[ \t]+(\w+)[ \t]*\(([^)]*)\)")
 
 
 def _function_blocks(lines: list[str]) -> Iterator[tuple[int, int]]:

@@ -182,7 +182,7 @@ def backprop_caller(project: Project, path: Path, fn: cst.FunctionDef) -> Caller
         return None
     here = str(path.resolve())
     for caller in project.backprop_callers(path, fn.name.value):
-        if caller.callback or caller.path != here:
+        if caller.callback or (caller.path != here and not caller.local):
             return caller
     return None
 
@@ -196,7 +196,12 @@ def backpropagated_elements(
     caller decides which of its results are losses, not their names."""
     if not (isinstance(value, Seq) and may_hold_kl(value)):
         return None
-    callers = [c for c in project.backprop_callers(path, function_name) if c.elements]
+    here = str(path.resolve())
+    callers = [
+        c
+        for c in project.backprop_callers(path, function_name)
+        if c.elements and (c.path == here or not c.local)  # a namesake's caller calls its own
+    ]
     used = {position for caller in callers for position in caller.elements or ()}
     return (tuple(sorted(used)), callers[0]) if used else None
 
