@@ -443,9 +443,12 @@ class Expressions(Frame):
 
 def _tensor_like(value: Value) -> bool:
     """A tensor expression, or an unknown value named or produced like one (a
-    mask, a log-prob, rollout data): never None where the code uses it."""
+    mask, a log-prob, rollout data): never None where the code uses it. A
+    choice of such values (an importance weight set on either branch) too."""
     if isinstance(value, ir.Node):
         return True
+    if isinstance(value, Choice):
+        return all(_tensor_like(option) for _, option in value.options)
     if not isinstance(value, Unknown):
         return False
     if value.logprob_op or value.stored:
