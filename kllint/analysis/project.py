@@ -110,7 +110,10 @@ class Project:
         # Every file the analysis used since the caller last cleared it (the
         # results cache re-analyses a file when one of these changes).
         self.read_paths: set[str] = set()
-        self._noted: set[Path] = set()  # package roots whose defaults are in read_paths
+        self._noted: set[Path] = set()
+        self._builds: dict[
+            tuple[Path, str, str], bool
+        ] = {}  # package roots whose defaults are in read_paths
         self._real: dict[Path, Path] = {}
 
     def begin_file(self) -> None:
@@ -341,6 +344,25 @@ class Project:
             self.read_paths.update(defaults.files)
         return defaults.table.get(key, [])
 
+    def builds_passing(self, importer: Path, class_name: str, parameter: str) -> bool:
+        """Whether any file of the package that contains ``importer`` builds
+        ``class_name`` passing ``parameter`` by keyword
+        (``PolicyLoss(kl_estimator=args.kl_estimator)``)."""
+        root = _top_package_dir(importer) or importer.resolve()
+        key = (root, class_name, parameter)
+        if key not in self._builds:
+            files = [root] if root.is_file() else [Path(p) for p in _python_files(root)]
+            self.read_paths.update(str(p.resolve()) for p in files)
+            call = re.compile(rf"\b{re.escape(class_name)}\(")
+            keyword = re.compile(rf"\b{re.escape(parameter)}\s*=(?!=)")
+            self._builds[key] = any(
+                keyword.search(text[m.end() : _call_end(text, m.end())])
+                for path in files
+                if (text := self._text(str(path.resolve()))) and class_name in text
+                for m in call.finditer(text)
+            )
+        return self._builds[key]
+
     def _scan_defaults(self, root: Path, top: Path) -> _PackageDefaults:
         defaults = _PackageDefaults(root)
         if root.is_file():
@@ -453,6 +475,21 @@ def _python_files(root: Path) -> Iterator[str]:
                     yield str(path.resolve())
             except OSError:
                 continue
+
+
+def _call_end(text: str, start: int) -> int:
+    """The offset of the parenthesis that closes a call opened just before
+    ``start`` (at most 2,000 characters on)."""
+    depth = 1
+    for offset in range(start, min(len(text), start + 2000)):
+        char = text[offset]
+        if char in "([{":
+            depth += 1
+        elif char in ")]}":
+            depth -= 1
+            if depth == 0:
+                return offset
+    return min(len(text), start + 2000)
 
 
 def _line_numbers(text: str) -> Callable[[int], int]:

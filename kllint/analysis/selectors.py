@@ -136,7 +136,7 @@ def config_default(
     if base.call or base.module is not None:
         return None
     if base.names == ("self",) and cls is not None:
-        given = init_default(module, cls, attr, index=index)
+        given = init_default(module, cls, attr, index=index, project=project)
         if given is not None:
             return given
     typed = typed_default(project, module, function, cls, base.names, attr, index=index)
@@ -147,7 +147,14 @@ def config_default(
         None,
     )
     if config_at is None:
-        return None
+        if not (
+            base.names == ("self",) and cls is not None and _passed_in(project, module, cls, attr)
+        ):
+            return None
+        # ``self.kl_estimator`` from ``__init__``'s parameter, which every
+        # caller sets (``PolicyLoss(kl_estimator=args.kl_estimator)``): the
+        # package's one default for that setting, as for a config object.
+        config_at = 0
     # ``args.algo.kl.estimator`` from a dotted option ``--algo.kl.estimator``
     # (nested after parsing), or ``getattr(args, "algo.kl.estimator")``.
     nested = ".".join((*base.names[config_at + 1 :], attr))
@@ -172,11 +179,19 @@ def config_default(
 
 
 def init_default(
-    module: ModuleInfo, cls: ClassInfo, attr: str, *, index: bool = False
+    module: ModuleInfo,
+    cls: ClassInfo,
+    attr: str,
+    *,
+    index: bool = False,
+    project: Project | None = None,
 ) -> Py | None:
     """``self.kl_loss_type`` set once, in ``__init__``, from a parameter
     with a default (``kl_loss_type="low_var_kl"``): that default, as for a
-    config field. Not when any other line of the file assigns the attribute."""
+    config field. Not when any other line of the file assigns the attribute,
+    nor when the package builds the class passing that parameter
+    (``PolicyLoss(kl_estimator=args.kl_estimator)``): what runs is then the
+    caller's setting."""
     init = cls.methods.get("__init__")
     if init is None or not isinstance(init.body, cst.IndentedBlock):
         return None
@@ -205,12 +220,37 @@ def init_default(
             elif index and isinstance(default, cst.Integer):
                 literal = int(default.value, 0)
             assigned = rf"self\.{re.escape(attr)}\s*(?:[-+*/]?=)(?!=)"
-            if isinstance(literal, (str, int)) and (
-                len(re.findall(assigned, _class_text(module, cls))) == 1
+            if (
+                isinstance(literal, (str, int))
+                and len(re.findall(assigned, _class_text(module, cls))) == 1
+                and not (
+                    project is not None
+                    and project.builds_passing(module.path, cls.name, small.value.value)
+                )
             ):
                 line = module.line_of_class(cls.name)
                 return Py(literal, source=f"`{cls.name}.__init__` ({module.path.name}:{line})")
     return None
+
+
+def _passed_in(project: Project, module: ModuleInfo, cls: ClassInfo, attr: str) -> bool:
+    """``__init__`` sets ``self.attr`` from one of its parameters, and the
+    package builds the class passing that parameter by keyword."""
+    init = cls.methods.get("__init__")
+    if init is None or not isinstance(init.body, cst.IndentedBlock):
+        return False
+    for statement in init.body.body:
+        if not isinstance(statement, cst.SimpleStatementLine):
+            continue
+        for small in statement.body:
+            if (
+                isinstance(small, cst.Assign)
+                and len(small.targets) == 1
+                and dotted_name(small.targets[0].target) == f"self.{attr}"
+                and isinstance(small.value, cst.Name)
+            ):
+                return project.builds_passing(module.path, cls.name, small.value.value)
+    return False
 
 
 def _class_text(module: ModuleInfo, cls: ClassInfo) -> str:
