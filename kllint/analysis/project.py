@@ -62,6 +62,18 @@ class Default:
 
 
 @dataclass
+class _Constructions:
+    sites: dict[str, list[tuple[str, int]]] = field(
+        default_factory=dict
+    )  # class -> (text, after "(")
+    files: list[str] = field(default_factory=list)
+    passing: dict[tuple[str, str], bool] = field(default_factory=dict)  # (class, parameter)
+
+
+_CONSTRUCTION = re.compile(r"\b([A-Z]\w*)\(")
+
+
+@dataclass
 class _PackageDefaults:
     root: Path
     table: dict[str, list[Default]] = field(default_factory=dict)
@@ -110,10 +122,9 @@ class Project:
         # Every file the analysis used since the caller last cleared it (the
         # results cache re-analyses a file when one of these changes).
         self.read_paths: set[str] = set()
-        self._noted: set[Path] = set()
-        self._builds: dict[
-            tuple[Path, str, str], bool
-        ] = {}  # package roots whose defaults are in read_paths
+        # Package roots whose scanned files are in read_paths, by scan.
+        self._noted: set[tuple[str, Path]] = set()
+        self._constructions: dict[Path, _Constructions] = {}
         self._real: dict[Path, Path] = {}
 
     def begin_file(self) -> None:
@@ -339,8 +350,8 @@ class Project:
                 self._defaults[root] = self._scan_defaults(root, top)
             self._defaults_of[importer] = self._defaults[root]
         defaults = self._defaults_of[importer]
-        if defaults.root not in self._noted:
-            self._noted.add(defaults.root)
+        if ("defaults", defaults.root) not in self._noted:
+            self._noted.add(("defaults", defaults.root))
             self.read_paths.update(defaults.files)
         return defaults.table.get(key, [])
 
@@ -349,19 +360,34 @@ class Project:
         ``class_name`` passing ``parameter`` by keyword
         (``PolicyLoss(kl_estimator=args.kl_estimator)``)."""
         root = _top_package_dir(importer) or importer.resolve()
-        key = (root, class_name, parameter)
-        if key not in self._builds:
-            files = [root] if root.is_file() else [Path(p) for p in _python_files(root)]
-            self.read_paths.update(str(p.resolve()) for p in files)
-            call = re.compile(rf"\b{re.escape(class_name)}\(")
+        calls = self._constructions.get(root)
+        if calls is None:
+            calls = self._constructions[root] = self._scan_constructions(root)
+        if ("builds", root) not in self._noted:
+            self._noted.add(("builds", root))
+            self.read_paths.update(calls.files)
+        key = (class_name, parameter)
+        if key not in calls.passing:
             keyword = re.compile(rf"\b{re.escape(parameter)}\s*=(?!=)")
-            self._builds[key] = any(
-                keyword.search(text[m.end() : _call_end(text, m.end())])
-                for path in files
-                if (text := self._text(str(path.resolve()))) and class_name in text
-                for m in call.finditer(text)
+            calls.passing[key] = any(
+                keyword.search(text[start : _call_end(text, start)])
+                for text, start in calls.sites.get(class_name, [])
             )
-        return self._builds[key]
+        return calls.passing[key]
+
+    def _scan_constructions(self, root: Path) -> _Constructions:
+        """Where each class of the package is called (a capitalised name
+        before a parenthesis), once per package."""
+        found = _Constructions()
+        paths = [str(root)] if root.is_file() else list(_python_files(root))
+        for path in paths:
+            text = self._text(path)
+            if text is None:
+                continue
+            found.files.append(path)
+            for match in _CONSTRUCTION.finditer(text):
+                found.sites.setdefault(match.group(1), []).append((text, match.end()))
+        return found
 
     def _scan_defaults(self, root: Path, top: Path) -> _PackageDefaults:
         defaults = _PackageDefaults(root)

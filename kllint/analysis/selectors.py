@@ -236,9 +236,21 @@ def init_default(
 def _passed_in(project: Project, module: ModuleInfo, cls: ClassInfo, attr: str) -> bool:
     """``__init__`` sets ``self.attr`` from one of its parameters, and the
     package builds the class passing that parameter by keyword."""
+    key = (module.path, cls.name, attr)
+    if key not in _INIT_PARAMETERS:
+        _INIT_PARAMETERS[key] = _init_parameter(cls, attr)
+    parameter = _INIT_PARAMETERS[key]
+    return parameter is not None and project.builds_passing(module.path, cls.name, parameter)
+
+
+_INIT_PARAMETERS: dict[tuple[Path, str, str], str | None] = {}
+
+
+def _init_parameter(cls: ClassInfo, attr: str) -> str | None:
+    """The parameter ``__init__`` sets ``self.attr`` from, if any."""
     init = cls.methods.get("__init__")
     if init is None or not isinstance(init.body, cst.IndentedBlock):
-        return False
+        return None
     for statement in init.body.body:
         if not isinstance(statement, cst.SimpleStatementLine):
             continue
@@ -249,8 +261,8 @@ def _passed_in(project: Project, module: ModuleInfo, cls: ClassInfo, attr: str) 
                 and dotted_name(small.targets[0].target) == f"self.{attr}"
                 and isinstance(small.value, cst.Name)
             ):
-                return project.builds_passing(module.path, cls.name, small.value.value)
-    return False
+                return small.value.value
+    return None
 
 
 def _class_text(module: ModuleInfo, cls: ClassInfo) -> str:
