@@ -533,7 +533,7 @@ class Interpreter(Calls):
         elif isinstance(target, cst.Subscript) and isinstance(target.value, cst.Name):
             container = self.env.get(target.value.value)
             key = string_key(target)
-            if isinstance(container, (ir.Node, Unknown)) and _holds_kl(value):
+            if key is None and isinstance(container, (ir.Node, Unknown)) and _holds_kl(value):
                 # ``returns[:, t] = running`` in a reward-to-go loop: the buffer
                 # holds what was written into it, a KL penalty included.
                 self.env[target.value.value] = value
