@@ -355,6 +355,20 @@ class Expressions(Frame):
                 if isinstance(key_value, Py) and isinstance(key_value.value, str)
                 else None
             )
+            if key is not None:
+                # ``config["actor"]["kl_loss_type"]``: a dict config is read
+                # like ``config.actor.kl_loss_type``.
+                default = selectors.config_default(
+                    self.context.project,
+                    self.context.fs_path,
+                    self.module,
+                    self.function_node,
+                    self.cls,
+                    base,
+                    key,
+                )
+                if default is not None:
+                    return default
             # Slicing keeps what a tensor is; a string key names what it holds.
             return replace(
                 base,
