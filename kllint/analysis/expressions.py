@@ -87,7 +87,12 @@ class Expressions(Frame):
         if isinstance(expr, cst.Await):
             return self.eval(expr.expression)
         if isinstance(expr, cst.Lambda):
-            return FuncRef(_lambda_as_function(expr), self.module)
+            # A lambda written in a function reads its locals when called; one
+            # in a module constant (a dispatch table) reads only the module.
+            local = self.function_node is not None and not self.in_constant
+            return FuncRef(
+                _lambda_as_function(expr), self.module, closure=self.scope() if local else None
+            )
         if isinstance(expr, cst.DictComp):
             return self.eval_dict_comprehension(expr)
         if isinstance(expr, (cst.ListComp, cst.GeneratorExp)):
@@ -211,11 +216,12 @@ class Expressions(Frame):
         if name in self.module.constants:
             constant = self.module.constants[name]
             if isinstance(constant, (cst.Dict, cst.Lambda)):
-                return self.eval(constant)  # a dispatch table: {"k3": low_var_kl, ...}
+                return self.eval_constant(constant)  # a dispatch table: {"k3": low_var_kl, ...}
             if isinstance(constant, cst.Call) and (dotted_name(constant.func) or "").endswith(
                 "partial"
             ):
-                return self.eval(constant)  # mse_kl = functools.partial(kl_penalty, kind="mse")
+                # mse_kl = functools.partial(kl_penalty, kind="mse")
+                return self.eval_constant(constant)
             if isinstance(constant, (cst.SimpleString, cst.Integer, cst.Float, cst.Name)):
                 return (
                     self.eval(constant)
@@ -223,6 +229,15 @@ class Expressions(Frame):
                     else Unknown(name, (name,))
                 )
         return Unknown(name, (name,))
+
+    def eval_constant(self, constant: cst.BaseExpression) -> Value:
+        """A module-level constant, evaluated where it is used: its lambdas
+        close over the module, not over the function that reads it."""
+        saved, self.in_constant = self.in_constant, True
+        try:
+            return self.eval(constant)
+        finally:
+            self.in_constant = saved
 
     def eval_attribute(self, expr: cst.Attribute) -> Value:
         return self.attribute(self.eval(expr.value), expr.attr.value, expr)
@@ -340,6 +355,20 @@ class Expressions(Frame):
                 if isinstance(key_value, Py) and isinstance(key_value.value, str)
                 else None
             )
+            if key is not None:
+                # ``config["actor"]["kl_loss_type"]``: a dict config is read
+                # like ``config.actor.kl_loss_type``.
+                default = selectors.config_default(
+                    self.context.project,
+                    self.context.fs_path,
+                    self.module,
+                    self.function_node,
+                    self.cls,
+                    base,
+                    key,
+                )
+                if default is not None:
+                    return default
             # Slicing keeps what a tensor is; a string key names what it holds.
             return replace(
                 base,

@@ -50,6 +50,10 @@ class FileContext:
     role_patterns: roles.RolePatterns
     sinks: list[Sink] = field(default_factory=list)
     called: frozenset[str] = frozenset()  # names of functions this file calls
+    # The enclosing function's locals of each nested ``def`` of this file
+    # (by node id), from that function's own analysis: what the nested
+    # function, analysed on its own after it, closes over.
+    closures: dict[int, Callable[[], dict[str, Value]]] = field(default_factory=dict)
 
 
 # --------------------------------------------------------------------- frame
@@ -84,6 +88,12 @@ class Frame:
         self.function_node: cst.FunctionDef | None = None
         self.statement: cst.CSTNode | None = None
         self.root: cst.FunctionDef | None = None  # the function being analysed (depth 0)
+        self.in_constant = False  # evaluating a module-level constant where it is read
+
+    def scope(self) -> Callable[[], dict[str, Value]]:
+        """This function's locals as a closure defined here sees them: when
+        it is called, not when it is defined (a branch replaces ``env``)."""
+        return lambda: self.env
 
     # ----------------------------------------------------------------- origins
 

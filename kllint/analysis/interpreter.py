@@ -91,6 +91,12 @@ class Interpreter(Calls):
             self.context.called,
             selects=_has_selector_parameter(fn),
         )
+        enclosing = self.context.closures.get(id(fn)) if self.depth == 0 else None
+        if enclosing is not None:
+            # A nested function analysed on its own, after the function it is
+            # written in: it sees that function's locals (``kl_fn`` bound by a
+            # factory from its config).
+            self.env = dict(enclosing())
         params = fn.params
         for param in [*params.posonly_params, *params.params, *params.kwonly_params]:
             name = param.name.value
@@ -162,7 +168,12 @@ class Interpreter(Calls):
                 self.exec_block(statement.finalbody.body.body)
             return done and not statement.handlers
         if isinstance(statement, cst.FunctionDef):
-            self.env[statement.name.value] = FuncRef(statement, self.module, self.cls)
+            scope = self.scope()
+            if self.depth == 0:
+                self.context.closures[id(statement)] = scope
+            self.env[statement.name.value] = FuncRef(
+                statement, self.module, self.cls, closure=scope
+            )
             return False
         return False
 
@@ -681,6 +692,10 @@ class Interpreter(Calls):
             function_name=ref.node.name.value,
         )
         callee.root = self.root
+        if ref.closure is not None:
+            # A nested function sees its enclosing function's locals; its own
+            # assignments stay its own (a copy).
+            callee.env = dict(ref.closure())
         # Parameters the caller did not pass take their defaults, evaluated in
         # the callee's module: that is how a keyword default picks a branch.
         result = callee.run_function(ref.node, bound, no_grad=self.no_grad)

@@ -1,14 +1,17 @@
 """The project index: modules parsed lazily, the functions, classes and
 methods a call names (re-exports followed in one place), and the
-configuration defaults (argparse, dataclass fields, YAML) a selector may read.
+configuration defaults (argparse, dataclass fields, YAML, module-level dict
+configs) a selector may read.
 
 Nothing here is a whole-program pass: a module is parsed the first time a
 call site needs one of its functions, and the defaults table of a package is
-built once from a text scan (no parse) of its files.
+built once from a text scan of its files (only a module-level dict config is
+parsed, alone, with ``ast``).
 """
 
 from __future__ import annotations
 
+import ast
 import bisect
 import os
 import re
@@ -48,6 +51,12 @@ _FIELD = re.compile(
 )
 _FIELD_CALL = re.compile(r"^(\w+)\s*:\s*[^=]+?=\s*(?:dataclasses\.)?field\(")
 _BLOCK = re.compile(r"^(\s*)(class|def|async\s+def)\b")
+# ``CONFIG = {`` or ``CONFIG = OmegaConf.create({`` at column 0: a settings
+# dict written in Python (its keys are read like YAML's).
+_DICT_CONFIG = re.compile(
+    r"^[A-Za-z_]\w*[ \t]*(?::[^=\n]*)?=[ \t]*(?:[\w.]+\([ \t]*)?\{", re.MULTILINE
+)
+_DICT_CONFIG_CHARS = 20_000  # a longer literal is data, not a config
 _YAML = re.compile(
     r"^[ \t]*([A-Za-z_]\w*)[ \t]*:[ \t]*(\"[^\"\n]*\"|'[^'\n]*'|[A-Za-z_][\w.-]*|-?\d+(?:\.\d+)?)[ \t]*(?:#.*)?$",
     re.MULTILINE,
@@ -58,7 +67,7 @@ _YAML = re.compile(
 class Default:
     value: object
     source: str  # "argparse, cli/train.py:12", "config/ppo.yaml:32", ...
-    kind: str = "field"  # "argparse" | "field" | "yaml"
+    kind: str = "field"  # "argparse" | "field" | "yaml" | "dict"
 
 
 @dataclass
@@ -427,6 +436,8 @@ class Project:
 
     @staticmethod
     def _scan_python(text: str, shown: str, defaults: _PackageDefaults) -> None:
+        if "{" in text:
+            _scan_dict_configs(text, shown, defaults)
         if "add_argument" in text:
             line_of = _line_numbers(text)
             for option in _ARGPARSE.finditer(text):
@@ -485,6 +496,62 @@ class Project:
                             _literal(default.group(1)),
                             f"field default in {shown}:{number}",
                         )
+
+
+def _scan_dict_configs(text: str, shown: str, defaults: _PackageDefaults) -> None:
+    """``CONFIG = {"algorithm": {"kl_penalty": "low_var_kl"}}`` at module
+    level (also wrapped, ``OmegaConf.create({...})``): each literal setting by
+    its own key, as in YAML, and by its dotted path
+    (``algorithm.kl_penalty``), as ``config.algorithm.kl_penalty`` reads it."""
+    line_of: Callable[[int], int] | None = None
+    for match in _DICT_CONFIG.finditer(text):
+        start = match.end() - 1
+        end = _closing_bracket(text, start + 1, _DICT_CONFIG_CHARS)
+        if end is None:
+            continue
+        try:
+            tree = ast.parse(text[start : end + 1], mode="eval").body
+        except (SyntaxError, ValueError, RecursionError):
+            continue
+        if not isinstance(tree, ast.Dict):
+            continue
+        line_of = line_of or _line_numbers(text)
+        _add_dict_settings(tree, "", shown, line_of(start), defaults)
+
+
+def _add_dict_settings(
+    node: ast.Dict, prefix: str, shown: str, first_line: int, defaults: _PackageDefaults
+) -> None:
+    for key, value in zip(node.keys, node.values):
+        if not (isinstance(key, ast.Constant) and isinstance(key.value, str)):
+            continue
+        path = f"{prefix}{key.value}"
+        if isinstance(value, ast.Dict):
+            _add_dict_settings(value, path + ".", shown, first_line, defaults)
+        elif isinstance(value, ast.Constant) and isinstance(
+            value.value, (str, int, float, bool, type(None))
+        ):
+            source = f"{shown}:{first_line + key.lineno - 1}"
+            defaults.add(key.value, value.value, source, "dict")
+            if prefix:
+                defaults.add(path, value.value, source, "dict")
+
+
+def _closing_bracket(text: str, start: int, limit: int) -> int | None:
+    """The offset of the bracket that closes one opened just before
+    ``start``, if it closes within ``limit`` characters. Strings and
+    comments are not skipped: a bracket in one leaves a slice that does not
+    parse, and that dict is not read."""
+    depth = 1
+    for offset in range(start, min(len(text), start + limit)):
+        char = text[offset]
+        if char in "([{":
+            depth += 1
+        elif char in ")]}":
+            depth -= 1
+            if depth == 0:
+                return offset
+    return None
 
 
 def _python_files(root: Path) -> Iterator[str]:

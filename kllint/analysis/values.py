@@ -111,6 +111,10 @@ class FuncRef:
     preset_args: tuple[Value, ...] = ()
     preset_kwargs: dict[str, Value] = field(default_factory=dict)
     receiver: Instance | None = None  # the object a bound method is called on
+    # The locals of the function a nested ``def`` or ``lambda`` was written in,
+    # read when it is called (late, as Python's closures are): ``kl_fn`` and
+    # ``cfg`` in a ``loss_fn`` that a factory returns.
+    closure: Callable[[], dict[str, Value]] | None = field(default=None, compare=False, repr=False)
 
 
 Value = ir.Node | Py | Choice | Seq | DictVal | Flipped | Grouped | Unknown | FuncRef | Instance
