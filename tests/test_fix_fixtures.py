@@ -57,8 +57,14 @@ def test_every_finding_is_fixed_or_says_why(sweep: Sweep) -> None:
 def test_the_fixable_rules_are_mostly_fixed(sweep: Sweep) -> None:
     # Not all: a helper that reduces as well, probabilities instead of
     # log-probs, a clamp or an importance ratio around the estimate, a KL in
-    # the rewards (the value must change) have no verified rewrite.
-    fixable = [f for f in sweep.before.findings if f.code in FIXABLE_CODES]
+    # the rewards (the value must change) have no verified rewrite; nor has an
+    # exact divergence over the vocabulary, which holds no sampled token's
+    # log-prob for a reward-to-go to weight.
+    fixable = [
+        f
+        for f in sweep.before.findings
+        if f.code in FIXABLE_CODES and not str(f.facts.get("estimator", "")).startswith("exact ")
+    ]
     assert len(fixed(sweep)) >= 0.6 * len(fixable), Counter(
         str(f.facts.get("fix_unavailable"))[:60] for f in fixable if f.fix is None
     )

@@ -402,7 +402,10 @@ class Calls(Expressions):
         arg_values = [self.eval(a.value) for a in args]
         kw_values = {k: self.eval(v) for k, v in kwargs.items()}
         if name in LOGPROB_OPS or name == "log_softmax":
-            return self.logprob_call(call, name, args)
+            first = arg_values[0] if arg_values else None
+            return self.logprob_call(
+                call, name, args, argument=first if isinstance(first, Unknown) else None
+            )
         return lowering.torch_function(self.torch_call(call), name, arg_values, kw_values)
 
     def named_call(
@@ -490,8 +493,17 @@ class Calls(Expressions):
         return self.context.role_patterns.is_reference_model(names + func_names)
 
     def logprob_call(
-        self, call: cst.Call, name: str, args: list[cst.Arg], receiver: Unknown | None = None
+        self,
+        call: cst.Call,
+        name: str,
+        args: list[cst.Arg],
+        receiver: Unknown | None = None,
+        *,
+        argument: Unknown | None = None,
     ) -> Value:
+        """``argument``: the first argument already evaluated (``F.log_softmax(
+        model(ids).logits[:, start:-1].float())``), whose cut along time makes
+        the log-probs per token."""
         hints = [n for a in args[:1] for n in chain_names(a.value)]
         source = receiver
         if source is None and args and isinstance(args[0].value, cst.Name):
@@ -507,7 +519,7 @@ class Calls(Expressions):
             or (receiver is None and source is not None and source.reference_model),
             logprob_op=True,
             distribution=name == "log_softmax",
-            per_token=source is not None and source.per_token,
+            per_token=any(s is not None and s.per_token for s in (source, argument)),
         )
 
     def unknown_call(

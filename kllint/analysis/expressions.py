@@ -488,14 +488,14 @@ def _tensor_like(value: Value) -> bool:
 
 def _cut_along_time(expr: cst.Subscript, base: Unknown) -> bool:
     """``logits[:, prompt_len - 1 : -1]``: logits cut to the response along
-    their second axis, time. (A classifier head's logits are not cut so.)"""
+    their second axis, time; so is one sample's row (``logits[0, start:-1]``).
+    (A classifier head's logits are not cut so.)"""
     if len(expr.slice) < 2 or not any("logits" in roles.words(n) for n in base.names):
         return False
     first, second = expr.slice[0].slice, expr.slice[1].slice
+    whole = isinstance(first, cst.Slice) and first.lower is None and first.upper is None
     return (
-        isinstance(first, cst.Slice)
-        and first.lower is None
-        and first.upper is None
+        (whole or isinstance(first, cst.Index))
         and isinstance(second, cst.Slice)
         and (second.lower is not None or second.upper is not None)
     )

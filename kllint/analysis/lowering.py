@@ -132,6 +132,8 @@ IN_PLACE = {
     "log_": "log",
     "pow_": "pow",
     "detach_": "detach",
+    "index_add_": "index_add",
+    "scatter_add_": "scatter_add",
 }
 # Sizes are positive constants: a normaliser, not a gradient path.
 SIZE_METHODS = frozenset({"size", "numel", "dim"})
@@ -192,7 +194,6 @@ NON_AUTOGRAD_MODULES = frozenset({"numpy", "np", "math", "jax", "scipy"})
 # Torch functions whose result is no KL estimate kllint models.
 OPAQUE_FUNCTIONS = frozenset(
     {
-        "kl_div",
         "kl_divergence",
         "cross_entropy",
         "nll_loss",
@@ -332,6 +333,36 @@ def _flip(at: TorchCall, receiver: Value, args: Args, kwargs: Kwargs) -> Value:
     return ir.Opaque("flip")
 
 
+_LOGPROB_ROLES = (Role.POLICY_LOGP, Role.REFERENCE_LOGP, Role.OLD_LOGP)
+
+
+def _segment_sum(at: TorchCall, receiver: Value, args: Args, kwargs: Kwargs) -> Value:
+    """``out.index_add(dim, index, source)``, ``out.scatter_add(dim, index, src)``:
+    ``out`` plus the elements of ``source`` summed into the slots ``index``
+    names. Per-token log-probs summed into slots along the first axis are the
+    tokens of packed sequences summed per sequence (``cu_seqlens``): a sum over
+    time, so a sequence-level estimator built on it stays one. Anything else
+    along that axis (scores summed per prompt group) is over samples."""
+    source = args[2] if len(args) > 2 else kwargs.get("source", kwargs.get("src"))
+    if source is None:
+        return ir.Opaque(at.code)
+    reduced = axis(args[0] if args else kwargs.get("dim"))
+    if reduced is Axis.BATCH and _has_token_logprob(source):
+        reduced = Axis.TIME
+    origin = at.origin
+    summed = at.lift1(source, lambda n: ir.Reduce("sum", reduced, n, origin=origin))
+    return at.binary("add", receiver, summed)
+
+
+def _has_token_logprob(value: Value) -> bool:
+    nodes = [v for _, v in value.options] if isinstance(value, Choice) else [value]
+    return any(
+        isinstance(n, ir.Node)
+        and any(a.role in _LOGPROB_ROLES and a.level is ir.Level.TOKEN for a in n.atoms())
+        for n in nodes
+    )
+
+
 def _opaque(name: str) -> MethodLowering:
     return lambda at, receiver, args, kwargs: ir.Opaque(name)
 
@@ -410,6 +441,11 @@ def _method_registry() -> dict[str, MethodLowering]:
     for name in ("sum", "mean", "nansum", "nanmean"):
         registry.setdefault(name, _reduce(name))
     registry.setdefault("cumsum", _cumsum)
+    registry.setdefault("index_add", _segment_sum)
+    registry.setdefault("scatter_add", _segment_sum)
+    # A new tensor of zeros (or ones) shaped like the receiver: a constant.
+    registry.setdefault("new_zeros", lambda at, receiver, args, kwargs: ir.Const(0.0))
+    registry.setdefault("new_ones", lambda at, receiver, args, kwargs: ir.Const(1.0))
     registry.setdefault("flip", _flip)
     registry.setdefault("fliplr", _flip)
     for name in ("log_softmax", "softmax"):
@@ -549,6 +585,51 @@ def _mse_loss(at: TorchCall, args: Args, kwargs: Kwargs) -> Value | None:
     return squared
 
 
+def _kl_div(at: TorchCall, args: Args, kwargs: Kwargs) -> Value | None:
+    """F.kl_div(input, target): ``exp(target) * (target - input)`` elementwise
+    with ``log_target=True``, ``target * (log(target) - input)`` without.
+    Over next-token distributions that is the integrand of an exact divergence
+    at each position, judged as such once summed over the vocabulary
+    (``vocabulary_expectation``). On gathered log-probs it is no estimator
+    kllint models: no claim."""
+    inputs = [*args[:2], *(kwargs.get(k) for k in ("input", "target")[len(args[:2]) :])]
+    if len(inputs) != 2 or any(v is None for v in inputs):
+        return ir.Opaque("torch.kl_div")
+    source, target = inputs
+    log_target = kwargs.get("log_target", Py(False))
+    if not isinstance(log_target, Py) or not isinstance(log_target.value, bool):
+        return ir.Opaque("torch.kl_div")
+    origin = at.origin
+
+    def integrand(q: ir.Node, p: ir.Node) -> ir.Node:
+        if log_target.value:
+            log_p, weight = p, ir.Unary("exp", p, origin=origin)
+        elif isinstance(p, ir.Unary) and p.op == "exp":
+            log_p, weight = p.arg, p  # probabilities written as exp(log-probs)
+        else:
+            return ir.Opaque("torch.kl_div of probabilities")
+        return ir.binary("mul", weight, ir.binary("sub", log_p, q, origin), origin)
+
+    assert source is not None and target is not None
+    pointwise = at.lift2(source, target, integrand)
+    if not has_distribution(pointwise):
+        return ir.Opaque("torch.kl_div over sampled tokens")
+    reduction = kwargs.get("reduction", Py("mean"))
+    if isinstance(reduction, Py) and reduction.value == "none":
+        return pointwise  # the caller's ``.sum(-1)`` sums over the vocabulary
+    if not (isinstance(reduction, Py) and reduction.value in ("sum", "batchmean", "mean")):
+        return ir.Opaque("torch.kl_div")
+    # Every element at once: the vocabulary first, then positions and samples
+    # (``batchmean`` and ``mean`` divide by a size, a positive constant).
+    kind = "sum" if reduction.value == "sum" else "mean"
+    return at.lift1(
+        pointwise,
+        lambda n: ir.Reduce(
+            kind, Axis.ALL, vocabulary_expectation("sum", n, origin), origin=origin
+        ),
+    )
+
+
 def _stack(at: TorchCall, args: Args, kwargs: Kwargs) -> Value | None:
     if not args or not isinstance(args[0], Seq):
         return None
@@ -577,6 +658,7 @@ TORCH_FUNCTIONS: dict[str, FunctionLowering] = {
     "minimum": _extremum("minimum"),
     "where": _where,
     "mse_loss": _mse_loss,
+    "kl_div": _kl_div,
     "stack": _stack,
     "zeros_like": _constant(0.0),
     "ones_like": _constant(1.0),
@@ -612,7 +694,7 @@ def is_mask(node: ir.Node) -> bool:
 
 def to_token_level(node: ir.Node) -> ir.Node:
     mapping: dict[int, ir.Node] = {
-        id(a): ir.Atom(a.role, a.name, ir.Level.TOKEN, origin=a.origin)
+        id(a): ir.Atom(a.role, a.name, ir.Level.TOKEN, per_token=a.per_token, origin=a.origin)
         for a in node.atoms()
         if a.level is ir.Level.DISTRIBUTION
     }
