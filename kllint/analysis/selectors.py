@@ -63,6 +63,9 @@ def selects_estimator(
     lowered = text.lower()
     if any(word in lowered for word in KL_CONDITION_PARTS):
         return True
+    if in_helper and _equals_a_number(compared):
+        # ``if alpha == 1.0:`` picks the reverse KL among a family of divergences.
+        return True
     if not any(isinstance(n, cst.SimpleString) for n in descendants(compared)):
         return False
     if in_helper:
@@ -71,6 +74,15 @@ def selects_estimator(
         w for n in descendants(subject) if isinstance(n, cst.Name) for w in roles.words(n.value)
     }
     return bool(names & SELECTOR_WORDS)
+
+
+def _equals_a_number(test: cst.CSTNode) -> bool:
+    return (
+        isinstance(test, cst.Comparison)
+        and len(test.comparisons) == 1
+        and isinstance(test.comparisons[0].operator, (cst.Equal, cst.NotEqual))
+        and isinstance(test.comparisons[0].comparator, (cst.Float, cst.Integer))
+    )
 
 
 def condition_label(test: cst.BaseExpression, *, in_helper: bool) -> str:
