@@ -247,7 +247,16 @@ def init_default(
 
 def _passed_in(project: Project, module: ModuleInfo, cls: ClassInfo, attr: str) -> bool:
     """``__init__`` sets ``self.attr`` from one of its parameters, and the
-    package builds the class passing that parameter by keyword."""
+    package builds the class passing that parameter by keyword. Asked only
+    of a setting named like a KL selector (``kl_estimator``, ``kl_type``):
+    every ``self.x`` of a model is looked up, and the package's constructor
+    calls are scanned only when one can matter."""
+    lowered = attr.lower()
+    if not (
+        set(roles.words(attr)) & SELECTOR_WORDS
+        or any(part in lowered for part in KL_CONDITION_PARTS)
+    ):
+        return False
     key = (module.path, cls.name, attr)
     if key not in _INIT_PARAMETERS:
         _INIT_PARAMETERS[key] = _init_parameter(cls, attr)
