@@ -239,6 +239,19 @@ class Expressions(Frame):
         finally:
             self.in_constant = saved
 
+    def setting_default(self, base: Unknown, name: str) -> Py | None:
+        """``config.kl_loss_type`` or ``config["kl_loss_type"]``: the one
+        default the project gives that setting, if any."""
+        return selectors.config_default(
+            self.context.project,
+            self.context.fs_path,
+            self.module,
+            self.function_node,
+            self.cls,
+            base,
+            name,
+        )
+
     def eval_attribute(self, expr: cst.Attribute) -> Value:
         return self.attribute(self.eval(expr.value), expr.attr.value, expr)
 
@@ -282,15 +295,7 @@ class Expressions(Frame):
                 distribution=False,
                 class_name=None,
             )
-            default = selectors.config_default(
-                self.context.project,
-                self.context.fs_path,
-                self.module,
-                self.function_node,
-                self.cls,
-                base,
-                attr,
-            )
+            default = self.setting_default(base, attr)
             return default if default is not None else unknown
         if isinstance(base, (FuncRef, Py)):
             return Unknown(code(expr), (attr,))
@@ -358,15 +363,7 @@ class Expressions(Frame):
             if key is not None:
                 # ``config["actor"]["kl_loss_type"]``: a dict config is read
                 # like ``config.actor.kl_loss_type``.
-                default = selectors.config_default(
-                    self.context.project,
-                    self.context.fs_path,
-                    self.module,
-                    self.function_node,
-                    self.cls,
-                    base,
-                    key,
-                )
+                default = self.setting_default(base, key)
                 if default is not None:
                     return default
             # Slicing keeps what a tensor is; a string key names what it holds.

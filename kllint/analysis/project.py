@@ -379,7 +379,7 @@ class Project:
         if key not in calls.passing:
             keyword = re.compile(rf"\b{re.escape(parameter)}\s*=(?!=)")
             calls.passing[key] = any(
-                keyword.search(text[start : _call_end(text, start)])
+                keyword.search(text[start : _closing_bracket(text, start, 2000) or start + 2000])
                 for text, start in calls.sites.get(class_name, [])
             )
         return calls.passing[key]
@@ -568,21 +568,6 @@ def _python_files(root: Path) -> Iterator[str]:
                     yield str(path.resolve())
             except OSError:
                 continue
-
-
-def _call_end(text: str, start: int) -> int:
-    """The offset of the parenthesis that closes a call opened just before
-    ``start`` (at most 2,000 characters on)."""
-    depth = 1
-    for offset in range(start, min(len(text), start + 2000)):
-        char = text[offset]
-        if char in "([{":
-            depth += 1
-        elif char in ")]}":
-            depth -= 1
-            if depth == 0:
-                return offset
-    return min(len(text), start + 2000)
 
 
 def _line_numbers(text: str) -> Callable[[int], int]:
