@@ -26,6 +26,7 @@ from kllint.analysis.interpreter import (
     iter_functions,
 )
 from kllint.analysis.ir import clear_caches
+from kllint.analysis.module import FIRST_LINES
 from kllint.analysis.project import Project
 from kllint.analysis.roles import (
     RolePatterns,
@@ -322,15 +323,23 @@ class _Positions:
         generated = _LINE_BREAK.split(piece.code)
         first = start.start.line - 1
         body = [line.strip() for line in generated[first:]]
-        for index, line in enumerate(lines):
-            if (
-                line.strip() == body[0]
-                and [text.strip() for text in lines[index : index + len(body)]] == body
-            ):
-                positions = cls(ranges, lines, generated)
-                positions.shift = index - first
-                return positions
-        return None
+        matches = [
+            index
+            for index, line in enumerate(lines)
+            if line.strip() == body[0]
+            and [text.strip() for text in lines[index : index + len(body)]] == body
+        ]
+        if not matches:
+            return None
+        # The same text twice (one method in two classes): the copy that
+        # starts where this definition was read from.
+        written = FIRST_LINES.get(id(function))
+        if len(matches) > 1 and (written is None or written[0] is not function):
+            return None  # parsed whole: the whole module's positions tell them apart
+        at = written[1] if written is not None and written[0] is function else 0
+        positions = cls(ranges, lines, generated)
+        positions.shift = min(matches, key=lambda index: abs(index - at)) - first
+        return positions
 
     def get(self, node: object) -> Place | None:
         code_range = self.ranges.get(node) if isinstance(node, cst.CSTNode) else None

@@ -154,3 +154,13 @@ def test_a_file_is_parsed_whole_only_when_its_own_code_can_compute_a_kl_term() -
     assert {"log_softmax", "logps", "loss"} <= ModuleInfo.of_helper(
         Path("s.py"), script
     ).top_level_names
+
+
+def test_the_same_method_in_two_classes_is_placed_where_each_is_written() -> None:
+    # One method copied into two trainers: each finding is on its own copy.
+    method = K3_IN_A_METHOD.split("    def compute_loss", 1)[1]
+    source = "import torch\n\n\nclass A:\n    def compute_loss" + method
+    source += "\n\nclass B:\n    def compute_loss" + method
+    placed = _positions(source)
+    assert len(placed) == 2 and placed[0][1] != placed[1][1]
+    assert placed == _positions_parsed_whole(source)

@@ -265,7 +265,13 @@ class _Pieces:
 
     def definition(self, statement: ast.stmt) -> Callable[[], Any]:
         lines, span = self.lines, self.span(statement)
-        return lambda: _parse_statement("\n".join(lines[slice(*span)]) + "\n")
+
+        def parse() -> Any:
+            node = _parse_statement("\n".join(lines[slice(*span)]) + "\n")
+            FIRST_LINES[id(node)] = (node, span[0])
+            return node
+
+        return parse
 
     def constant(self, statement: ast.Assign) -> Callable[[], Any]:
         name = statement.targets[0].id  # type: ignore[attr-defined]
@@ -284,6 +290,12 @@ class _Pieces:
             return cst.Name("None")  # not reached: Python's parser saw the assignment
 
         return parse
+
+
+# A definition parsed on its own, by id: its node (kept, so that the id is
+# not reused) and the 0-based line of the file it starts at. Two identical
+# methods of two classes are told apart by it when findings are placed.
+FIRST_LINES: dict[int, tuple[cst.CSTNode, int]] = {}
 
 
 def _parse_statement(text: str) -> cst.CSTNode:
