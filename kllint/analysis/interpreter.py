@@ -544,7 +544,12 @@ class Interpreter(Calls):
         elif isinstance(target, cst.Subscript) and isinstance(target.value, cst.Name):
             container = self.env.get(target.value.value)
             key = string_key(target)
-            if key is None and isinstance(container, (ir.Node, Unknown)) and _holds_kl(value):
+            if (
+                key is None
+                and isinstance(container, (ir.Node, Unknown))
+                and isinstance(value, (ir.Node, Choice))
+                and sinks.may_hold_kl(value)
+            ):
                 # ``returns[:, t] = running`` in a reward-to-go loop: the buffer
                 # holds what was written into it, a KL penalty included.
                 self.env[target.value.value] = value
@@ -801,11 +806,6 @@ def _assigned_names(body: cst.BaseSuite) -> list[str]:
 
     walk(body)
     return names
-
-
-def _holds_kl(value: Value) -> bool:
-    nodes = [v for _, v in value.options] if isinstance(value, Choice) else [value]
-    return any(isinstance(n, ir.Node) and n.has_role(Role.REFERENCE_LOGP) for n in nodes)
 
 
 def _has_selector_parameter(fn: cst.FunctionDef) -> bool:

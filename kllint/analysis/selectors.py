@@ -205,43 +205,30 @@ def init_default(
     (``PolicyLoss(kl_estimator=args.kl_estimator)``): what runs is then the
     caller's setting."""
     init = cls.methods.get("__init__")
-    if init is None or not isinstance(init.body, cst.IndentedBlock):
+    parameter = _init_parameter(cls, attr)
+    if init is None or parameter is None:
         return None
-    defaults = {
-        p.name.value: p.default
-        for p in [*init.params.params, *init.params.kwonly_params]
-        if p.default is not None
-    }
-    for statement in init.body.body:
-        if not isinstance(statement, cst.SimpleStatementLine):
-            continue
-        for small in statement.body:
-            if not (isinstance(small, cst.Assign) and len(small.targets) == 1):
-                continue
-            target = small.targets[0].target
-            if not (
-                isinstance(target, cst.Attribute)
-                and dotted_name(target) == f"self.{attr}"
-                and isinstance(small.value, cst.Name)
-            ):
-                continue
-            default = defaults.get(small.value.value)
-            literal: object = None
-            if isinstance(default, cst.SimpleString):
-                literal = default.evaluated_value
-            elif index and isinstance(default, cst.Integer):
-                literal = int(default.value, 0)
-            assigned = rf"self\.{re.escape(attr)}\s*(?:[-+*/]?=)(?!=)"
-            if (
-                isinstance(literal, (str, int))
-                and len(re.findall(assigned, _class_text(module, cls))) == 1
-                and not (
-                    project is not None
-                    and project.builds_passing(module.path, cls.name, small.value.value)
-                )
-            ):
-                line = module.line_of_class(cls.name)
-                return Py(literal, source=f"`{cls.name}.__init__` ({module.path.name}:{line})")
+    default = next(
+        (
+            p.default
+            for p in [*init.params.params, *init.params.kwonly_params]
+            if p.name.value == parameter
+        ),
+        None,
+    )
+    literal: object = None
+    if isinstance(default, cst.SimpleString):
+        literal = default.evaluated_value
+    elif index and isinstance(default, cst.Integer):
+        literal = int(default.value, 0)
+    assigned = rf"self\.{re.escape(attr)}\s*(?:[-+*/]?=)(?!=)"
+    if (
+        isinstance(literal, (str, int))
+        and len(re.findall(assigned, _class_text(module, cls))) == 1
+        and not (project is not None and project.builds_passing(module.path, cls.name, parameter))
+    ):
+        line = module.line_of_class(cls.name)
+        return Py(literal, source=f"`{cls.name}.__init__` ({module.path.name}:{line})")
     return None
 
 
