@@ -557,6 +557,25 @@ class Calls(Expressions):
         credited = self.advantage_estimator(method, call)
         if credited is not None:
             return credited
+        if (
+            method in ("get", "pop")
+            and len(args) == 1
+            and isinstance(args[0].value, cst.SimpleString)
+            and isinstance(args[0].value.evaluated_value, str)
+        ):
+            # ``rollout_data.get("ref_log_probs")`` reads an entry as a subscript
+            # does. With a default (``data.get("logprobs", curr_logprobs)``) it
+            # may be what the caller computed, with its gradient.
+            key = args[0].value.evaluated_value
+            return replace(
+                receiver,
+                text=code(call),
+                names=(*receiver.names, key),
+                stored=receiver.stored
+                or (not receiver.call and roles.from_container(receiver.names)),
+                module=None,
+                class_name=None,
+            )
         assumed = self.assumed_reduction(call)
         if assumed is not None:
             return assumed

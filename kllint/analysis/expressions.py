@@ -189,6 +189,16 @@ class Expressions(Frame):
         if isinstance(iterable, cst.Call) and isinstance(iterable.func, cst.Name):
             if iterable.func.value in ("zip", "enumerate"):
                 return any(self.iterates_tensors(a.value) for a in iterable.args)
+            if iterable.func.value == "range" and len(iterable.args) == 1:
+                # ``for i in range(len(log_probs))``: an index into each row.
+                length = iterable.args[0].value
+                return (
+                    isinstance(length, cst.Call)
+                    and isinstance(length.func, cst.Name)
+                    and length.func.value == "len"
+                    and len(length.args) == 1
+                    and self.iterates_tensors(length.args[0].value)
+                )
             return False
         if not isinstance(iterable, cst.Name):
             return False

@@ -84,6 +84,9 @@ class Frame:
         self.no_grad = False
         self.path: list[str] = []
         self.returns: list[tuple[str, Value]] = []
+        # ``rollout_data["advantages"] = advantages``: advantages written for
+        # a loss elsewhere to read back (with the path they were written on).
+        self.stored_advantages: list[tuple[cst.CSTNode, str, Value]] = []
         self.loss_function = False
         self.function_node: cst.FunctionDef | None = None
         self.statement: cst.CSTNode | None = None

@@ -121,6 +121,8 @@ class Interpreter(Calls):
             if isinstance(star, cst.Param):
                 self.env[star.name.value] = Unknown(star.name.value, (star.name.value,))
         self.exec_block(fn.body.body if isinstance(fn.body, cst.IndentedBlock) else [fn.body])
+        for node, shown, value in self.stored_advantages:
+            self.advantage_sink(node, value, f"the advantages stored as `{shown}`")
         if not self.returns:
             return None
         return choice(self.returns)
@@ -279,6 +281,15 @@ class Interpreter(Calls):
                 self.bind_loop_target(target.elements[1].value, args[0], node)  # type: ignore[arg-type]
                 return
         value = self.eval(iterable)
+        lists = (
+            [v for _, v in value.options if isinstance(v, Seq) and v.items]
+            if isinstance(value, Choice)
+            else []
+        )
+        if isinstance(value, Choice) and len(lists) == len(value.options):
+            # A list built on either branch (per-sample KLs, or zeros when
+            # the coefficient is 0): a row of whichever it is.
+            value = Choice([(label, v.items[0]) for (label, _), v in zip(value.options, lists)])
         if isinstance(value, (ir.Node, Choice)) and not isinstance(value, ir.Opaque):
             self.assign(target, value, node)
         elif isinstance(value, Seq) and value.items and isinstance(target, cst.Name):
@@ -411,7 +422,9 @@ class Interpreter(Calls):
             if self.loss_function and self.depth == 0:
                 self.loss_sink_from_return(small, value)
             elif self.depth == 0 and sinks.is_advantage_function(self.function_name):
-                self.advantage_sink_from_return(small, value)
+                self.advantage_sink(
+                    small, value, f"the advantages returned by `{self.function_name}`"
+                )
             elif self.depth == 0 and sinks.may_hold_kl(value):
                 self.caller_sink_from_return(small, value)
             return True
@@ -454,16 +467,16 @@ class Interpreter(Calls):
         ):
             self.add_sink(item, shown, True, node)
 
-    def advantage_sink_from_return(self, node: cst.Return, value: Value) -> None:
-        """Advantages that carry a KL, returned to be stored and read by the
+    def advantage_sink(self, node: cst.CSTNode, value: Value, description: str) -> None:
+        """Advantages that carry a KL, returned or stored to be read by the
         loss of another call tree: judged as the policy-gradient surrogate
         ``-advantages * logp`` that loss computes with them."""
-        advantages = value.items[0] if isinstance(value, Seq) and value.items else value
-        if not isinstance(advantages, (ir.Node, Choice)) or any(
+        options = _rows(value.items[0] if isinstance(value, Seq) and value.items else value)
+        if not options or any(
             sink.function_node is self.function_node for sink in self.context.sinks
         ):
             return  # a training step that backpropagates itself is judged by its own loss
-        options = advantages.options if isinstance(advantages, Choice) else [("", advantages)]
+        advantages = options[0][1] if len(options) == 1 and not options[0][0] else Choice(options)
         if not any(
             isinstance(v, ir.Node)
             and v.has_role(Role.REFERENCE_LOGP)
@@ -476,7 +489,7 @@ class Interpreter(Calls):
             cst_node=node,
             statement=self.statement,
             function=self.root,
-            assumed="the returned advantages weight the policy's log-probs in a "
+            assumed="the advantages weight the policy's log-probs in a "
             "policy-gradient loss that reads them back",
         )
         policy = ir.Atom(Role.POLICY_LOGP, "logp (in the loss reading the advantages)")
@@ -484,7 +497,7 @@ class Interpreter(Calls):
             advantages,
             lambda a: ir.neg(ir.Binary("mul", a, policy, origin=origin), origin),
         )
-        self.add_sink(surrogate, f"the advantages returned by `{self.function_name}`", True, node)
+        self.add_sink(surrogate, description, True, node)
 
     def add_sink(
         self,
@@ -530,6 +543,9 @@ class Interpreter(Calls):
             # Whatever is computed under no_grad/inference_mode has no gradient,
             # including arithmetic on tensors that had one.
             value = self.lift1(value, ir.detach)
+        stored = sinks.stored_advantages(target)
+        if stored is not None and self.depth == 0:
+            self.stored_advantages.append((node, stored, value))
         if isinstance(target, cst.Name):
             self.assign_name(target.value, value, node)
         elif isinstance(target, (cst.Tuple, cst.List)):
@@ -747,6 +763,20 @@ class Interpreter(Calls):
         if isinstance(result, Seq):
             return Seq([item if keep(item) else credited for item in result.items])
         return result if keep(result) else credited
+
+
+def _rows(value: Value, label: str = "") -> list[tuple[str, Value]]:
+    """What a value is on each branch, a list of per-sample tensors taken
+    as one of its rows (``advantages = [adv_i - beta * kl_i for ...]``)."""
+    if isinstance(value, Seq):
+        return _rows(value.items[0], label) if value.items else []
+    if isinstance(value, Choice):
+        return [
+            row
+            for inner, option in value.options
+            for row in _rows(option, AND.join(c for c in (label, inner) if c))
+        ]
+    return [(label, value)] if isinstance(value, ir.Node) else []
 
 
 def _log_probs_in(value: Value) -> bool:

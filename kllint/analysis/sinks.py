@@ -16,6 +16,7 @@ import libcst as cst
 from kllint.analysis import callers, ir, roles
 from kllint.analysis.callers import Caller
 from kllint.analysis.project import Project
+from kllint.analysis.syntax import code, string_key
 from kllint.analysis.values import Choice, DictVal, Seq, Value
 
 
@@ -132,6 +133,21 @@ def is_advantage_function(name: str) -> bool:
         and bool(set(ws) & {"advantage", "advantages"})
         and not set(ws) & NOT_A_LOSS_WORDS
     )
+
+
+def stored_advantages(target: cst.BaseExpression) -> str | None:
+    """``rollout_data["advantages"]``, ``batch.advantages``: a place where a
+    loss in another call tree reads advantages back (how it is written), else
+    None."""
+    if isinstance(target, cst.Subscript):
+        key = string_key(target)
+    elif isinstance(target, cst.Attribute):
+        key = target.attr.value
+    else:
+        return None
+    if key is None or not set(roles.words(key)) & {"advantage", "advantages"}:
+        return None
+    return code(target)
 
 
 def returned_losses(
