@@ -26,7 +26,7 @@ from kllint.analysis.interpreter import (
     iter_functions,
 )
 from kllint.analysis.ir import clear_caches
-from kllint.analysis.module import FIRST_LINES
+from kllint.analysis.module import FIRST_LINES, parse_module
 from kllint.analysis.project import Project
 from kllint.analysis.roles import (
     RolePatterns,
@@ -74,7 +74,7 @@ def interpret(
     if info is None or _top_level_matters(info.top_level_names):
         # A script's own statements (a training loop at module level) are
         # interpreted in one tree with its functions.
-        info = project.add_module(Path(path), cst.parse_module(source), source)
+        info = project.add_module(Path(path), parse_module(source), source)
     context = FileContext(
         path=path,
         fs_path=Path(path),

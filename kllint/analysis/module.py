@@ -99,7 +99,7 @@ class ModuleInfo:
     @property
     def module(self) -> cst.Module:
         if self._module is None:
-            self._module = cst.parse_module(self.source)
+            self._module = parse_module(self.source)
         return self._module
 
     @property
@@ -303,9 +303,27 @@ def _parse_statement(text: str) -> cst.CSTNode:
     method, a definition under ``if``) inside a stand-in class, which keeps
     its lines as they are written."""
     if text[:1] in (" ", "\t"):
-        wrapper = cst.parse_module("class _:\n" + text)
+        wrapper = parse_module("class _:\n" + text)
         return cast(cst.CSTNode, wrapper.body[0].body.body[0])  # type: ignore[union-attr]
-    return cst.parse_module(text).body[0]
+    return parse_module(text).body[0]
+
+
+def parse_module(source: str) -> cst.Module:
+    """LibCST's parse, without validating each node a second time as the
+    parser builds it: the parser's nodes are valid by construction, and the
+    check was about a third of the parse. Nodes kllint builds itself (a
+    fix's rewrite) are still validated."""
+    node_class = cst.CSTNode
+    validating = node_class.__post_init__
+    node_class.__post_init__ = _built_by_the_parser  # type: ignore[method-assign]
+    try:
+        return cst.parse_module(source)
+    finally:
+        node_class.__post_init__ = validating  # type: ignore[method-assign]
+
+
+def _built_by_the_parser(self: cst.CSTNode) -> None:
+    return None
 
 
 @dataclass

@@ -23,7 +23,7 @@ from pathlib import Path
 import libcst as cst
 
 from kllint.analysis import callers
-from kllint.analysis.module import ClassInfo, ModuleInfo, Sketch
+from kllint.analysis.module import ClassInfo, ModuleInfo, Sketch, parse_module
 from kllint.analysis.values import FuncRef
 
 _SKIP_DIRS = {
@@ -182,7 +182,7 @@ class Project:
                 # Code Python's parser here rejects (a newer Python's syntax):
                 # LibCST parses it whole.
                 try:
-                    module = cst.parse_module(source)
+                    module = parse_module(source)
                 except cst.ParserSyntaxError:
                     self._modules[path] = None
                 else:

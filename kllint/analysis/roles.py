@@ -158,7 +158,17 @@ CONTAINER_WORDS = frozenset(
 
 
 def words(name: str) -> list[str]:
-    return [w.lower() for w in _WORD.findall(name)]
+    known = _WORDS.get(name)
+    if known is None:
+        if len(_WORDS) > 200_000:
+            _WORDS.clear()
+        known = _WORDS[name] = [w.lower() for w in _WORD.findall(name)]
+    return known
+
+
+# Each name's words, split once: the analysis asks for the same few
+# thousand names hundreds of thousands of times. (Shared: never mutated.)
+_WORDS: dict[str, list[str]] = {}
 
 
 def is_logprob_name(name: str) -> bool:
@@ -219,6 +229,8 @@ class RolePatterns:
         return cls(**values)
 
     def _configured(self, name: str) -> Role | None:
+        if not (self.reference or self.old or self.policy):
+            return None
         for role, patterns in (
             (Role.REFERENCE_LOGP, self.reference),
             (Role.OLD_LOGP, self.old),
