@@ -97,6 +97,9 @@ class RewrittenSite:
     statically_correct: bool
     negated: bool  # the gradient of KL(pi||pi_ref) with the wrong sign
     profile: str
+    # Judged in the function it is written in (not reached through a caller
+    # that inlined that function): the verdict a finding there was given.
+    own: bool = True
 
 
 def sites(source: str, path: str, settings: Settings) -> tuple[cst.Module, list[RewrittenSite]]:
@@ -104,7 +107,9 @@ def sites(source: str, path: str, settings: Settings) -> tuple[cst.Module, list[
     wrong ones): the fixer confirms the rewritten expression from these."""
     module, sinks = interpret(source, path, _project(path, settings), settings.roles, whole=True)
     assert module is not None  # parsed whole
-    found = [_rewritten(site) for site in kl_sites(sinks, path)]
+    # A loss detached as a whole (``return loss.detach()`` for logging) is
+    # not the value optimised: its sites say nothing of the rewrite.
+    found = [_rewritten(site) for site in kl_sites(sinks, path) if not site.loss_detached]
     return module, found
 
 
@@ -120,6 +125,7 @@ def _rewritten(site: KLSite) -> RewrittenSite:
         and (p.credit is Credit.REWARD_TO_GO or not site.has_time_axis),
         negated=p.direction is Direction.KL and p.scale < 0,
         profile=f"{p.direction.value}, scale {p.scale:+.3g}, credit {p.credit.value}",
+        own=site.origin.function is None or site.origin.function is site.function_node,
     )
 
 
