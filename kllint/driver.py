@@ -81,7 +81,7 @@ def interpret(
         module=info,
         project=project,
         role_patterns=roles,
-        called=called_names(source),
+        calls=called_names(source),
     )
     configured = roles.policy or roles.reference or roles.old
     keep = None if configured else (lambda key: sketch_may_compute_kl(info.sketch, *key))

@@ -12,6 +12,7 @@ branches, loops and inlining)."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,7 +50,7 @@ class FileContext:
     project: Project
     role_patterns: roles.RolePatterns
     sinks: list[Sink] = field(default_factory=list)
-    called: frozenset[str] = frozenset()  # names of functions this file calls
+    calls: Counter[str] = field(default_factory=Counter)  # calls written in this file, by name
     # The enclosing function's locals of each nested ``def`` of this file
     # (by node id), from that function's own analysis: what the nested
     # function, analysed on its own after it, closes over.
@@ -78,6 +79,9 @@ class Frame:
         self.cls = cls
         self.depth = depth
         self.call_site = call_site
+        # The call in the analysed function this helper was reached from,
+        # also when its nodes keep their own places (a helper of the same file).
+        self.entry_call = call_site
         self.stack = stack
         self.function_name = function_name
         self.env: dict[str, Value] = {}
@@ -90,7 +94,8 @@ class Frame:
         self.loss_function = False
         self.function_node: cst.FunctionDef | None = None
         self.statement: cst.CSTNode | None = None
-        self.root: cst.FunctionDef | None = None  # the function being analysed (depth 0)
+        self.root: cst.FunctionDef | None = None  # the function the nodes are placed in
+        self.entry_root: cst.FunctionDef | None = None  # the function being analysed (depth 0)
         self.in_constant = False  # evaluating a module-level constant where it is read
 
     def scope(self) -> Callable[[], dict[str, Value]]:

@@ -31,6 +31,7 @@ that call site.
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -84,11 +85,11 @@ class Interpreter(Calls):
         self.function_name = fn.name.value
         self.function_node = fn
         if self.depth == 0:
-            self.root = fn
+            self.root = self.entry_root = fn
         self.loss_function = sinks.is_loss_function(
             fn.name.value,
             self.cls.name if self.cls else None,
-            self.context.called,
+            self.context.calls,
             selects=_has_selector_parameter(fn),
         )
         enclosing = self.context.closures.get(id(fn)) if self.depth == 0 else None
@@ -520,7 +521,7 @@ class Interpreter(Calls):
                     backward,
                 )
             )
-        elif backward and self.call_site is not None:
+        elif backward and self.entry_call is not None:
             # ``self.train_minibatch(batch)`` from the training loop: the
             # backward pass inside the helper sees the caller's values (KL
             # rewards computed in another method), so it is a sink too, placed
@@ -528,13 +529,13 @@ class Interpreter(Calls):
             self.context.sinks.append(
                 Sink(
                     value,
-                    f"{description} in {self.call_site.helper}",
+                    f"{description} in {self.entry_call.helper}",
                     strong,
-                    self.call_site.cst_node,  # type: ignore[arg-type]
+                    self.entry_call.cst_node,  # type: ignore[arg-type]
                     self.function_name,
-                    self.root,
+                    self.entry_root,
                     backward,
-                    inlined_call=self.call_site.cst_node,  # type: ignore[arg-type]
+                    inlined_call=self.entry_call.cst_node,  # type: ignore[arg-type]
                 )
             )
 
@@ -703,16 +704,30 @@ class Interpreter(Calls):
                     _called_in(ref.module),
                 ),
             )
+        # A helper of the linted file called from one place, which no
+        # parameter steers (no estimator chosen by the caller): its findings
+        # are placed inside it, where the code is written. A helper called
+        # from several places may be right at one and wrong at another: its
+        # findings are placed at the calls.
+        in_place = (
+            self.call_site is None
+            and ref.module is self.context.module
+            and self.context.calls[ref.node.name.value] == 1
+            and not sinks.steerable(ref.node)
+            and not any(_log_probs_in(v) for v in bound.values())
+        )
         callee = Interpreter(
             self.context,
             ref.module,
             ref.cls,
             depth=self.depth + 1,
-            call_site=site,
+            call_site=None if in_place else site,
             stack=(*self.stack, key),
             function_name=ref.node.name.value,
         )
-        callee.root = self.root
+        callee.entry_call = self.entry_call or site
+        callee.entry_root = self.entry_root
+        callee.root = ref.node if in_place else self.root
         if ref.closure is not None:
             # A nested function sees its enclosing function's locals; its own
             # assignments stay its own (a copy).
@@ -878,10 +893,11 @@ _CALL = re.compile(
 )
 
 
-def called_names(source: str) -> frozenset[str]:
-    """Functions and methods a module calls by name (``f(...)``, ``self.f(...)``).
-    A text scan: a LibCST visitor over the whole module costs more than the parse."""
-    return frozenset(_CALL.findall(source))
+def called_names(source: str) -> Counter[str]:
+    """Functions and methods a module calls by name (``f(...)``, ``self.f(...)``),
+    each with the number of calls written. A text scan: a LibCST visitor over
+    the whole module costs more than the parse."""
+    return Counter(_CALL.findall(source))
 
 
 _CALLED: dict[int, tuple[ModuleInfo, frozenset[str]]] = {}
@@ -890,7 +906,7 @@ _CALLED: dict[int, tuple[ModuleInfo, frozenset[str]]] = {}
 def _called_in(module: ModuleInfo) -> frozenset[str]:
     cached = _CALLED.get(id(module))
     if cached is None or cached[0] is not module:
-        cached = (module, called_names(module.source))
+        cached = (module, frozenset(called_names(module.source)))
         _CALLED[id(module)] = cached
     return cached[1]
 

@@ -8,6 +8,7 @@ Functions over names and already-evaluated values: the interpreter asks
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -92,7 +93,7 @@ def names_a_loss_function(name: str) -> bool:
 
 
 def is_loss_function(
-    name: str, class_name: str | None, called: frozenset[str], *, selects: bool = True
+    name: str, class_name: str | None, called: Collection[str], *, selects: bool = True
 ) -> bool:
     """Whether what a function returns is a loss, judged where it is defined.
     ``selects``: whether a parameter may pick a branch (a string default, a
@@ -194,7 +195,7 @@ def backprop_caller(project: Project, path: Path, fn: cst.FunctionDef) -> Caller
     that backpropagates what ``fn`` returns, so that ``fn`` is judged where it
     is written: once, with the caller named in the finding. None when a
     parameter may choose the estimator: then only a call site can say which."""
-    if _steerable(fn):
+    if steerable(fn):
         return None
     here = str(path.resolve())
     for caller in project.backprop_callers(path, fn.name.value):
@@ -222,7 +223,8 @@ def backpropagated_elements(
     return (tuple(sorted(used)), callers[0]) if used else None
 
 
-def _steerable(fn: cst.FunctionDef) -> bool:
+def steerable(fn: cst.FunctionDef) -> bool:
+    """A parameter may choose the estimator (a string default, ``kl_type``)."""
     params = fn.params
     for param in [*params.posonly_params, *params.params, *params.kwonly_params]:
         if isinstance(param.default, (cst.SimpleString, cst.ConcatenatedString)):
