@@ -12,7 +12,7 @@ from kllint.analysis import ir, lowering, roles, selectors
 from kllint.analysis.frame import Frame
 from kllint.analysis.ir import Role
 from kllint.analysis.module import ClassInfo, ModuleInfo, dotted_name
-from kllint.analysis.syntax import code, full_code
+from kllint.analysis.syntax import code, descendants, full_code
 from kllint.analysis.values import (
     Choice,
     DictVal,
@@ -171,7 +171,7 @@ class Expressions(Frame):
         """``[k3(lp, ref) for lp, ref in zip(logps, ref_logps)]`` over micro-
         batches: like a loop body, the element is evaluated once with the
         loop variables bound to what each row is; one item stands for every row."""
-        if not self.iterates_tensors(expr.for_in.iter):
+        if not (self.iterates_tensors(expr.for_in.iter) or self.computes_logprobs(expr.elt)):
             return Unknown(code(expr), ("comprehension",))
         saved = dict(self.env)
         loop: cst.CompFor | None = expr.for_in
@@ -181,6 +181,15 @@ class Expressions(Frame):
         item = self.eval(expr.elt)
         self.env = saved
         return Seq([item], appended=True)
+
+    def computes_logprobs(self, element: cst.BaseExpression) -> bool:
+        """``[response_logprobs(policy, p, r) for p, r in zip(prompts, responses)]``:
+        an element that names a log-prob or what computes one, over rows of
+        anything (prompts, responses) kllint does not hold."""
+        return any(
+            isinstance(node, cst.Name) and roles.relevant_identifier(node.value)
+            for node in descendants(element)
+        )
 
     def iterates_tensors(self, iterable: cst.BaseExpression) -> bool:
         """Over rows kllint holds (``logps``, ``zip(logps, ref_logps)``, a list

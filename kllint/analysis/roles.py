@@ -425,12 +425,22 @@ def name_logprob(name: str, value: Value, patterns: RolePatterns, *, no_grad: bo
         if isinstance(n, ir.Node) and any(n.has_role(r) for r in (Role.POLICY_LOGP, Role.OLD_LOGP))
     ]
     detached = bool(logprob_nodes) and not any(ir.depends_on_policy(n) for n in logprob_nodes)
+    # What was computed keeps its evidence of a time axis under its new name
+    # (``lp`` for each row of a helper's per-token ``logits[0, a:b]`` log-probs).
+    rows = value.items if isinstance(value, Seq) else []  # ``[logprobs(p, r) for ...]``
+    per_token = any(a.per_token for n in logprob_nodes for a in n.atoms()) or any(
+        isinstance(row, Unknown) and row.per_token for row in rows
+    )
     if patterns.logprob_role(name) is None and logprob_nodes:
         # ``ref = reference_logprobs(...)``: a log-prob named by its role alone.
         role = patterns.role_from_words(name) or Role.POLICY_LOGP
-        atom: ir.Node = ir.Atom(role, name, level_of(name))
+        atom: ir.Node = ir.Atom(role, name, level_of(name), per_token=per_token)
         return ir.detach(atom) if detached or no_grad else atom
-    return resolve(Unknown(name, (name,), call=True, detached=detached), patterns, no_grad=no_grad)
+    return resolve(
+        Unknown(name, (name,), call=True, detached=detached, per_token=per_token),
+        patterns,
+        no_grad=no_grad,
+    )
 
 
 def _reference_renamed(name: str, value: Value, patterns: RolePatterns) -> ir.Node | None:
