@@ -192,6 +192,14 @@ class Calls(Expressions):
                 return result
         if isinstance(receiver, DictVal) and method == "values" and not args:
             return Seq(list(receiver.items.values()))
+        if isinstance(receiver, DictVal) and method == "update":
+            # ``metrics.update(apply_kl_penalty(batch, ...))``: the helper runs
+            # (and writes into ``batch``); its entries join the dict.
+            for arg in args:
+                entries = self.eval(arg.value)
+                if isinstance(entries, DictVal):
+                    receiver.items.update(entries.items)
+            return Py(None)
         if isinstance(func.value, cst.Name) and self.mutate(
             func.value.value, method, args, kwargs, call
         ):

@@ -379,6 +379,9 @@ class Expressions(Frame):
                 if isinstance(key_value, Py) and isinstance(key_value.value, str)
                 else None
             )
+            written = self.context.read(base, key) if key is not None else None
+            if written is not None:
+                return written
             if key is not None:
                 # ``config["actor"]["kl_loss_type"]``: a dict config is read
                 # like ``config.actor.kl_loss_type``.

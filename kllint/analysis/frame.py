@@ -55,6 +55,21 @@ class FileContext:
     # (by node id), from that function's own analysis: what the nested
     # function, analysed on its own after it, closes over.
     closures: dict[int, Callable[[], dict[str, Value]]] = field(default_factory=dict)
+    # KL-bearing values written by key into a container kllint does not hold
+    # (``batch["token_level_rewards"] = scores - beta * kl``), by the
+    # container's value: what a helper writes into its argument, its caller
+    # reads back.
+    written: dict[int, tuple[Value, dict[str, Value]]] = field(default_factory=dict)
+
+    def write(self, container: Value, key: str, value: Value) -> None:
+        entry = self.written.get(id(container))
+        if entry is None or entry[0] is not container:
+            entry = self.written[id(container)] = (container, {})
+        entry[1][key] = value
+
+    def read(self, container: Value, key: str) -> Value | None:
+        entry = self.written.get(id(container))
+        return entry[1].get(key) if entry is not None and entry[0] is container else None
 
 
 # --------------------------------------------------------------------- frame

@@ -579,6 +579,8 @@ class Interpreter(Calls):
             elif isinstance(container, Unknown) and self.no_grad:
                 # ``logps = torch.zeros(...)`` filled row by row under no_grad.
                 self.env[target.value.value] = replace(container, detached=True)
+            if isinstance(container, Unknown) and key is not None and sinks.may_hold_kl(value):
+                self.context.write(container, key, value)
             if isinstance(container, DictVal) and key is not None:
                 container.items[key] = value
                 if sinks.is_loss_name(key):
