@@ -311,8 +311,8 @@ def _parse_statement(text: str) -> cst.CSTNode:
 def parse_module(source: str) -> cst.Module:
     """LibCST's parse, without validating each node a second time as the
     parser builds it: the parser's nodes are valid by construction, and the
-    check was about a third of the parse. Nodes kllint builds itself (a
-    fix's rewrite) are still validated."""
+    check is about a tenth of the parse (timed over trl's files). Nodes
+    kllint builds itself (a fix's rewrite) are still validated."""
     node_class = cst.CSTNode
     validating = node_class.__post_init__
     node_class.__post_init__ = _built_by_the_parser  # type: ignore[method-assign]
