@@ -325,6 +325,10 @@ class Calls(Expressions):
                 if index is not None and lowering.top_k_support(self.eval(index)):
                     return receiver
                 return replace(receiver, distribution=False)
+            if method == "squeeze" and _squeezes_the_batch(receiver, args):
+                # ``model(ids).logits.squeeze(0)``: one packed sequence, [T, V];
+                # its first axis is time.
+                return replace(receiver, text=code(call), per_token=True)
             if method in TENSOR_IDENTITY:
                 return receiver
         return self.unknown_call(call, method, receiver, args)
@@ -631,3 +635,15 @@ def _callable_class(project: Project, cls: ClassInfo, module: ModuleInfo) -> boo
     """A class whose objects are called (an nn.Module's ``forward``): worth
     building, so that the call sees the attributes ``__init__`` set."""
     return any(project.method(cls, module, name) is not None for name in ("forward", "__call__"))
+
+
+def _squeezes_the_batch(receiver: Unknown, args: list[cst.Arg]) -> bool:
+    """``logits.squeeze(0)`` of a model's ``[1, T, V]`` output."""
+    return (
+        len(args) == 1
+        and isinstance(args[0].value, cst.Integer)
+        and args[0].value.value == "0"
+        and bool(receiver.names)
+        and receiver.names[-1] == "logits"
+        and receiver.call
+    )

@@ -429,7 +429,9 @@ def name_logprob(name: str, value: Value, patterns: RolePatterns, *, no_grad: bo
     # (``lp`` for each row of a helper's per-token ``logits[0, a:b]`` log-probs).
     rows = value.items if isinstance(value, Seq) else []  # ``[logprobs(p, r) for ...]``
     per_token = any(a.per_token for n in logprob_nodes for a in n.atoms()) or any(
-        isinstance(row, Unknown) and row.per_token for row in rows
+        (isinstance(row, Unknown) and row.per_token)
+        or (isinstance(row, ir.Node) and any(a.per_token for a in row.atoms()))
+        for row in rows
     )
     if patterns.logprob_role(name) is None and logprob_nodes:
         # ``ref = reference_logprobs(...)``: a log-prob named by its role alone.
