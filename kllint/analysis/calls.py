@@ -578,16 +578,7 @@ class Calls(Expressions):
             # ``rollout_data.get("ref_log_probs")`` reads an entry as a subscript
             # does. With a default (``data.get("logprobs", curr_logprobs)``) it
             # may be what the caller computed, with its gradient.
-            key = args[0].value.evaluated_value
-            return replace(
-                receiver,
-                text=code(call),
-                names=(*receiver.names, key),
-                stored=receiver.stored
-                or (not receiver.call and roles.from_container(receiver.names)),
-                module=None,
-                class_name=None,
-            )
+            return self.entry(receiver, args[0].value.evaluated_value, code(call))
         assumed = self.assumed_reduction(call)
         if assumed is not None:
             return assumed

@@ -389,18 +389,25 @@ class Expressions(Frame):
                 if default is not None:
                     return default
             # Slicing keeps what a tensor is; a string key names what it holds.
-            return replace(
-                base,
-                text=code(expr),
-                names=(*base.names, key) if key else base.names,
-                stored=base.stored or (not base.call and roles.from_container(base.names)),
-                module=None,
-                class_name=None,
-                per_token=base.per_token or _cut_along_time(expr, base),
-            )
+            return self.entry(base, key, code(expr), per_token=_cut_along_time(expr, base))
         if isinstance(base, (ir.Node, Choice, Flipped, Grouped)):
             return base  # slicing a tensor keeps what it is
         return Unknown(code(expr), ("subscript",))
+
+    @staticmethod
+    def entry(base: Unknown, key: str | None, text: str, *, per_token: bool = False) -> Unknown:
+        """``batch["ref_logprobs"]`` (or ``batch.get("ref_logprobs")``): what
+        a container kllint does not hold has under ``key``, named by it, and
+        stored rollout data when the container is one."""
+        return replace(
+            base,
+            text=text,
+            names=(*base.names, key) if key else base.names,
+            stored=base.stored or (not base.call and roles.from_container(base.names)),
+            module=None,
+            class_name=None,
+            per_token=base.per_token or per_token,
+        )
 
     def index_default(self, key: cst.BaseExpression) -> Py | None:
         """``stack[args.kl_estimator]`` with ``kl_estimator: int = 2``: an int

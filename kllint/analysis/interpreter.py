@@ -472,7 +472,7 @@ class Interpreter(Calls):
         """Advantages that carry a KL, returned or stored to be read by the
         loss of another call tree: judged as the policy-gradient surrogate
         ``-advantages * logp`` that loss computes with them."""
-        options = _rows(value.items[0] if isinstance(value, Seq) and value.items else value)
+        options = _rows(value)
         if not options or any(
             sink.function_node is self.function_node for sink in self.context.sinks
         ):
