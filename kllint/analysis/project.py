@@ -51,10 +51,10 @@ _FIELD = re.compile(
 )
 _FIELD_CALL = re.compile(r"^(\w+)\s*:\s*[^=]+?=\s*(?:dataclasses\.)?field\(")
 _BLOCK = re.compile(r"^(\s*)(class|def|async\s+def)\b")
-# ``CONFIG = {`` or ``CONFIG = OmegaConf.create({`` at column 0: a settings
-# dict written in Python (its keys are read like YAML's).
+# ``CONFIG = {`` or ``CONFIG = OmegaConf.create({`` at column 0 (the dict may open
+# on the next line): a settings dict written in Python (its keys are read like YAML's).
 _DICT_CONFIG = re.compile(
-    r"^[A-Za-z_]\w*[ \t]*(?::[^=\n]*)?=[ \t]*(?:[\w.]+\([ \t]*)?\{", re.MULTILINE
+    r"^[A-Za-z_]\w*[ \t]*(?::[^=\n]*)?=[ \t]*(?:[\w.]+\(\s*)?\{", re.MULTILINE
 )
 _DICT_CONFIG_CHARS = 20_000  # a longer literal is data, not a config
 _YAML = re.compile(

@@ -12,6 +12,7 @@ choices, but hidden from messages.
 
 from __future__ import annotations
 
+import ast
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -245,10 +246,58 @@ def join_conditions(a: str, b: str) -> str | None:
     for c in b.split(AND):
         if not c or c in conjuncts:
             continue
-        if negate_condition(c) in conjuncts:
+        if negate_condition(c) in conjuncts or any(_exclusive(c, d) for d in conjuncts):
             return None
         conjuncts.append(c)
     return AND.join(conjuncts)
+
+
+def _exclusive(a: str, b: str) -> bool:
+    """Two tests of one selector that no value passes both of:
+    ``kind in ("kl", "k1")`` and ``kind == "abs"``, or ``kind == "k3"`` and
+    ``not (kind in ("k3", "low_var_kl"))``. A selector read twice (once per
+    step of a loop) must not combine the k1 branch of one read with the k3
+    branch of the other."""
+    first, second = _literal_test(a), _literal_test(b)
+    if first is None or second is None or first[0] != second[0]:
+        return False
+    (_, passes_a, values_a), (_, passes_b, values_b) = first, second
+    if passes_a and passes_b:
+        return not values_a & values_b
+    if passes_a != passes_b:
+        kept = values_a if passes_a else values_b
+        excluded = values_b if passes_a else values_a
+        return kept <= excluded
+    return False
+
+
+_LITERAL_TESTS: dict[str, tuple[str, bool, frozenset[object]] | None] = {}
+
+
+def _literal_test(condition: str) -> tuple[str, bool, frozenset[object]] | None:
+    """``subject == literal`` or ``subject in (literals)``, possibly negated:
+    (subject, whether it must pass, the literals)."""
+    if condition not in _LITERAL_TESTS:
+        text = condition.lstrip(HIDDEN)
+        passes = not (text.startswith("not (") and text.endswith(")"))
+        body = text if passes else text[5:-1]
+        test = None
+        for operator in (" == ", " in "):
+            subject, found, literal = body.partition(operator)
+            if not found or not subject.strip().replace(".", "_").isidentifier():
+                continue
+            try:
+                parsed = ast.literal_eval(literal.strip())
+            except (ValueError, SyntaxError, RecursionError):
+                break
+            values = parsed if operator == " in " else (parsed,)
+            if isinstance(values, (tuple, list, set, frozenset)) and all(
+                isinstance(v, (str, int)) for v in values
+            ):
+                test = (subject.strip(), passes, frozenset(values))
+            break
+        _LITERAL_TESTS[condition] = test
+    return _LITERAL_TESTS[condition]
 
 
 HIDDEN = "\x01"  # marks a condition that is not shown (an unrelated flag)
