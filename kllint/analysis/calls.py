@@ -4,6 +4,7 @@ values kllint cannot compute, of ``.backward()`` (a sink)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 
 import libcst as cst
@@ -109,6 +110,12 @@ class Calls(Expressions):
                 found = self.context.project.class_named(call.func.value, self.module)
             if found is not None and _callable_class(self.context.project, *found):
                 return self.instantiate(found[0], found[1], call)
+            if found is not None and len(args) == 1 and _is_enum(found[0]):
+                # ``KLType(cfg.get("kl_type", "k3"))``: the member of that
+                # value, which stands for its value as ``KLType.K3`` does.
+                member = self.eval(args[0].value)
+                if isinstance(member, (Py, Choice)):
+                    return member
         if isinstance(callee, Unknown):
             if callee.module is not None:
                 level = len(callee.module) - len(callee.module.lstrip("."))
@@ -227,13 +234,19 @@ class Calls(Expressions):
             return self.unknown_method(call, method, receiver, args, kwargs)
         return Unknown(code(call), (method,), call=True)
 
-    def instantiate(self, cls: ClassInfo, module: ModuleInfo, call: cst.Call) -> Instance:
+    def instantiate(
+        self,
+        cls: ClassInfo,
+        module: ModuleInfo,
+        call: cst.Call,
+        evaluated: Sequence[Value] | None = None,
+    ) -> Instance:
         """``KLLoss(kind="low_var_kl")``: an object whose ``__init__`` ran
         with the constructor's arguments, so its attributes are known."""
         instance = Instance(cls, module)
         init = self.context.project.method(cls, module, "__init__")
         if init is not None:
-            self.inline(replace(init, receiver=instance), call)
+            self.inline(replace(init, receiver=instance), call, evaluated)
         return instance
 
     def class_method(self, receiver: cst.BaseExpression, method: str) -> FuncRef | None:
@@ -569,16 +582,21 @@ class Calls(Expressions):
         credited = self.advantage_estimator(method, call)
         if credited is not None:
             return credited
-        if (
-            method in ("get", "pop")
-            and len(args) == 1
-            and isinstance(args[0].value, cst.SimpleString)
-            and isinstance(args[0].value.evaluated_value, str)
-        ):
+        key = _string_key(args)
+        if method in ("get", "pop") and key is not None and len(args) == 1:
             # ``rollout_data.get("ref_log_probs")`` reads an entry as a subscript
             # does. With a default (``data.get("logprobs", curr_logprobs)``) it
             # may be what the caller computed, with its gradient.
-            return self.entry(receiver, args[0].value.evaluated_value, code(call))
+            return self.entry(receiver, key, code(call))
+        if method == "get" and key is not None and len(args) == 2 and not receiver.call:
+            # ``cfg.get("kl_type", "k3")``: the package's default for that
+            # setting, else the fallback given here (a selector's literal).
+            setting = self.setting_default(receiver, key)
+            if setting is not None:
+                return setting
+            fallback = self.eval(args[1].value)
+            if isinstance(fallback, Py) and isinstance(fallback.value, str):
+                return fallback
         assumed = self.assumed_reduction(call)
         if assumed is not None:
             return assumed
@@ -638,3 +656,16 @@ def _squeezes_the_batch(receiver: Unknown, args: list[cst.Arg]) -> bool:
         and receiver.names[-1] == "logits"
         and receiver.call
     )
+
+
+def _string_key(args: list[cst.Arg]) -> str | None:
+    """The literal string key a call starts with (``.get("kl_type", ...)``)."""
+    if args and args[0].keyword is None and isinstance(args[0].value, cst.SimpleString):
+        key = args[0].value.evaluated_value
+        return key if isinstance(key, str) else None
+    return None
+
+
+def _is_enum(cls: ClassInfo) -> bool:
+    """``class KLType(str, enum.Enum)`` and the like, by its bases as written."""
+    return any(base.rpartition(".")[2].endswith("Enum") for base in cls.bases)

@@ -4,6 +4,7 @@ operation means is the torch vocabulary's business, in ``lowering``)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 
 import libcst as cst
@@ -195,6 +196,9 @@ class Expressions(Frame):
         """Over rows kllint holds (``logps``, ``zip(logps, ref_logps)``, a list
         of micro-batches): a comprehension over anything else (``range``,
         ``.items()``) is not evaluated, as it holds no KL term to follow."""
+        pieces = split_tensor(iterable)
+        if pieces is not None:
+            return self.iterates_tensors(pieces)
         if isinstance(iterable, cst.Call) and isinstance(iterable.func, cst.Name):
             if iterable.func.value in ("zip", "enumerate"):
                 return any(self.iterates_tensors(a.value) for a in iterable.args)
@@ -292,6 +296,9 @@ class Expressions(Frame):
             built = self.built_in_init(attr)
             if built is not None:
                 return built
+            setting = self.setting_in_init(attr)
+            if setting is not None:
+                return setting
         if isinstance(base, (ir.Node, Choice)) and not isinstance(base, ir.Opaque):
             lowered = lowering.tensor_attribute(self.torch_call(expr), attr, base)
             return lowered if lowered is not None else Unknown(code(expr), (attr,))
@@ -299,6 +306,17 @@ class Expressions(Frame):
             member = selectors.class_constant(self.module, base.class_name, attr)
             if member is not None:
                 return member  # ``KLEstimator.K3``: an Enum member stands for its value
+        if (
+            isinstance(base, Unknown)
+            and base.module is not None
+            and len(base.names) == 1
+            and base.names[0][:1].isupper()
+        ):
+            # The same, for a class imported from another module of the project.
+            found = self.context.project.class_named(base.names[0], self.module)
+            member = selectors.class_constant(found[1], found[0].name, attr) if found else None
+            if member is not None:
+                return member
         if isinstance(base, Py) and attr in ("value", "name"):
             return base if attr == "value" else Py(None)
         if isinstance(base, Unknown) and attr == "shape" and base.module is None:
@@ -322,7 +340,9 @@ class Expressions(Frame):
 
     def built_in_init(self, attr: str) -> Instance | None:
         """``self.kl_loss_fn`` set once in ``__init__`` to an object of a
-        class of the project built from literals (``KLLoss(kind="k3")``)."""
+        class of the project built from literals, settings or ``__init__``'s
+        own parameters (``KLLoss(kind="k3")``, ``KLEstimator(config.kl_estimator)``,
+        ``DistillLoss(temperature=temperature)``)."""
         assert self.cls is not None
         init = self.cls.methods.get("__init__")
         if init is None or not isinstance(init.body, cst.IndentedBlock):
@@ -334,7 +354,8 @@ class Expressions(Frame):
         if not isinstance(call.func, cst.Name) or not call.func.value[:1].isupper():
             return None
         if not all(
-            selectors.is_selector_literal(a.value) or isinstance(a.value, cst.Float)
+            selectors.is_selector_literal(a.value)
+            or isinstance(a.value, (cst.Float, cst.Attribute, cst.Name))
             for a in call.args
         ):
             return None
@@ -344,9 +365,55 @@ class Expressions(Frame):
             for name in ("forward", "__call__")
         ):
             return None
-        return self.instantiate(found[0], found[1], call)
+        # Literals, settings, and parameters of ``__init__`` (a temperature)
+        # kllint cannot read: nothing that carries a KL term.
+        arguments = self.eval_in_init(init, [a.value for a in call.args])
+        if not all(
+            isinstance(v, (Py, ir.Const)) or (isinstance(v, Unknown) and not v.call)
+            for v in arguments
+        ):
+            return None
+        return self.instantiate(found[0], found[1], call, arguments)
 
-    def instantiate(self, cls: ClassInfo, module: ModuleInfo, call: cst.Call) -> Instance:
+    def setting_in_init(self, attr: str) -> Py | None:
+        """``self.kl_type`` set once, in ``__init__``, from the settings it was
+        given (``KLType(cfg.get("kl_type", KLType.K3))``): the selector that
+        expression reads, with ``__init__``'s parameters unknown."""
+        assert self.cls is not None
+        init = self.cls.methods.get("__init__")
+        if init is None or not isinstance(init.body, cst.IndentedBlock):
+            return None
+        assigned = _init_assignments(init).get(attr, [])
+        if (
+            len(assigned) != 1
+            or not isinstance(assigned[0], (cst.Call, cst.Subscript))
+            or "self" in _names_in(assigned[0])
+            or not selectors.assigned_once(self.module, self.cls, attr)
+        ):
+            return None
+        (value,) = self.eval_in_init(init, assigned)
+        return value if isinstance(value, Py) and isinstance(value.value, str) else None
+
+    def eval_in_init(
+        self, init: cst.FunctionDef, expressions: Sequence[cst.BaseExpression]
+    ) -> list[Value]:
+        """Expressions of ``__init__`` as it sees them: its parameters are
+        unknown, but their annotations (``config: PPOActorConfig``) and the
+        package's settings still give defaults."""
+        saved = self.env, self.function_node
+        self.env, self.function_node = {}, init
+        try:
+            return [self.eval(expression) for expression in expressions]
+        finally:
+            self.env, self.function_node = saved
+
+    def instantiate(
+        self,
+        cls: ClassInfo,
+        module: ModuleInfo,
+        call: cst.Call,
+        evaluated: Sequence[Value] | None = None,
+    ) -> Instance:
         raise NotImplementedError
 
     def eval_subscript(self, expr: cst.Subscript) -> Value:
@@ -583,9 +650,15 @@ def compare(operator: cst.BaseCompOp, left: Value, right: Value) -> bool | None:
             return bool(lv in rv)  # type: ignore[operator]
         if isinstance(operator, cst.NotIn):
             return bool(lv not in rv)  # type: ignore[operator]
+        # ``kl_type is KLType.K1``: Enum members stand for their values, and
+        # one value is one member.
         if isinstance(operator, cst.Is):
+            if isinstance(rv, str) and isinstance(lv, str):
+                return lv == rv
             return lv is rv if rv is None or isinstance(rv, bool) else None
         if isinstance(operator, cst.IsNot):
+            if isinstance(rv, str) and isinstance(lv, str):
+                return lv != rv
             return lv is not rv if rv is None or isinstance(rv, bool) else None
         if isinstance(operator, cst.GreaterThan):
             return bool(lv > rv)  # type: ignore[operator]
@@ -618,3 +691,31 @@ def _lambda_as_function(node: cst.Lambda) -> cst.FunctionDef:
     )
     _LAMBDAS[id(node)] = (node, function)
     return function
+
+
+def _names_in(expr: cst.BaseExpression) -> set[str]:
+    found: set[str] = set()
+
+    class _Names(cst.CSTVisitor):
+        def visit_Name(self, node: cst.Name) -> None:
+            found.add(node.value)
+
+    expr.visit(_Names())
+    return found
+
+
+# Splitting a tensor into rows or chunks: each piece is what the tensor is.
+SPLITS = frozenset({"split", "chunk", "unbind", "tensor_split"})
+
+
+def split_tensor(iterable: cst.BaseExpression) -> cst.BaseExpression | None:
+    """The tensor ``x.split(lengths)`` or ``torch.split(x, lengths)`` cuts
+    into pieces (``sum_of_sample_mean``'s per-sample rows)."""
+    if not isinstance(iterable, cst.Call) or not isinstance(iterable.func, cst.Attribute):
+        return None
+    if iterable.func.attr.value not in SPLITS:
+        return None
+    receiver = iterable.func.value
+    if isinstance(receiver, cst.Name) and receiver.value == "torch":
+        return iterable.args[0].value if iterable.args else None
+    return receiver

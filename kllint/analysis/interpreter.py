@@ -40,7 +40,7 @@ import libcst as cst
 
 from kllint.analysis import ir, lowering, roles, selectors, sinks
 from kllint.analysis.calls import Calls
-from kllint.analysis.expressions import BINOPS, compare
+from kllint.analysis.expressions import BINOPS, compare, split_tensor
 from kllint.analysis.frame import MAX_DEPTH, FileContext
 from kllint.analysis.ir import Role
 from kllint.analysis.module import ClassInfo, ModuleInfo, dotted_name
@@ -281,7 +281,8 @@ class Interpreter(Calls):
                 self.assign(target.elements[0].value, Unknown("index", ("index",)), node)
                 self.bind_loop_target(target.elements[1].value, args[0], node)  # type: ignore[arg-type]
                 return
-        value = self.eval(iterable)
+        pieces = split_tensor(iterable)
+        value = self.eval(pieces if pieces is not None else iterable)
         lists = (
             [v for _, v in value.options if isinstance(v, Seq) and v.items]
             if isinstance(value, Choice)
@@ -295,6 +296,12 @@ class Interpreter(Calls):
             self.assign(target, value, node)
         elif isinstance(value, Seq) and value.items and isinstance(target, cst.Name):
             self.assign(target, value.items[0], node)
+        elif (
+            isinstance(value, Unknown)
+            and value.names
+            and roles.weight_role(value.names[-1]) is Role.MASK
+        ):
+            self.assign(target, value, node)  # each sample's loss mask is a mask
         else:
             self.assign(target, Unknown(code(iterable), ("loop",)), node)
 
@@ -428,6 +435,9 @@ class Interpreter(Calls):
                 )
             elif self.depth == 0 and sinks.may_hold_kl(value):
                 self.caller_sink_from_return(small, value)
+            if self.depth == 0 and isinstance(small.value, cst.Call):
+                for shown, field_value in self.record_advantages(small.value):
+                    self.advantage_sink(small, field_value, f"the advantages stored as `{shown}`")
             return True
         elif isinstance(small, cst.Raise):
             return True
@@ -467,6 +477,27 @@ class Interpreter(Calls):
             self.function_name, node.value, value, description=description, elements=caller.elements
         ):
             self.add_sink(item, shown, True, node)
+
+    def record_advantages(self, call: cst.Call) -> list[tuple[str, Value]]:
+        """``return Experience(sequences, ..., returns, kl)``: a record of a
+        class of the project whose advantage or return field a loss in
+        another call tree reads back."""
+        if not isinstance(call.func, cst.Name) or not call.func.value[:1].isupper():
+            return []
+        found = self.context.project.class_named(call.func.value, self.module)
+        if found is None:
+            return []
+        fields = _record_fields(found[0])
+        given = [
+            (fields[position] if position < len(fields) else "", arg)
+            for position, arg in enumerate(a for a in call.args if a.keyword is None)
+        ]
+        given += [(a.keyword.value, a) for a in call.args if a.keyword is not None]
+        return [
+            (f"{found[0].name}.{field}", self.eval(arg.value))
+            for field, arg in given
+            if arg.star == "" and sinks.is_advantage_field(field)
+        ]
 
     def advantage_sink(self, node: cst.CSTNode, value: Value, description: str) -> None:
         """Advantages that carry a KL, returned or stored to be read by the
@@ -714,9 +745,9 @@ class Interpreter(Calls):
         in_place = (
             self.call_site is None
             and ref.module is self.context.module
-            and self.context.calls[ref.node.name.value] == 1
+            and self.context.calls[_called_as(ref, call)] == 1
             and not sinks.steerable(ref.node)
-            and not any(_log_probs_in(v) for v in bound.values())
+            and not any(_policy_log_probs_in(v) for v in bound.values())
         )
         callee = Interpreter(
             self.context,
@@ -796,12 +827,45 @@ def _rows(value: Value, label: str = "") -> list[tuple[str, Value]]:
     return [(label, value)] if isinstance(value, ir.Node) else []
 
 
+def _record_fields(cls: ClassInfo) -> list[str]:
+    """A dataclass's fields in order: its annotated class-body names."""
+    return [
+        small.target.value
+        for statement in cls.node.body.body
+        if isinstance(statement, cst.SimpleStatementLine)
+        for small in statement.body
+        if isinstance(small, cst.AnnAssign) and isinstance(small.target, cst.Name)
+    ]
+
+
 def _log_probs_in(value: Value) -> bool:
     if isinstance(value, Choice):
         return any(_log_probs_in(v) for _, v in value.options)
     return isinstance(value, ir.Node) and any(
         a.role in (Role.POLICY_LOGP, Role.REFERENCE_LOGP, Role.OLD_LOGP) for a in value.atoms()
     )
+
+
+def _policy_log_probs_in(value: Value) -> bool:
+    """Whether an argument holds the policy's log-probs: whether they carry a
+    gradient is the caller's business. A reference's (a teacher's) does not
+    make the verdict the caller's."""
+    if isinstance(value, Choice):
+        return any(_policy_log_probs_in(v) for _, v in value.options)
+    return isinstance(value, ir.Node) and any(
+        a.role in (Role.POLICY_LOGP, Role.OLD_LOGP) for a in value.atoms()
+    )
+
+
+def _called_as(ref: FuncRef, call: cst.Call) -> str:
+    """The name a call uses: an object's ``forward`` is called by the
+    attribute holding the object (``self.criterion(...)``)."""
+    if ref.node.name.value in ("forward", "__call__"):
+        if isinstance(call.func, cst.Attribute):
+            return call.func.attr.value
+        if isinstance(call.func, cst.Name):
+            return call.func.value
+    return ref.node.name.value
 
 
 def _time_loop_direction(statement: cst.For | cst.While) -> str | None:

@@ -221,15 +221,20 @@ def init_default(
         literal = default.evaluated_value
     elif index and isinstance(default, cst.Integer):
         literal = int(default.value, 0)
-    assigned = rf"self\.{re.escape(attr)}\s*(?:[-+*/]?=)(?!=)"
     if (
         isinstance(literal, (str, int))
-        and len(re.findall(assigned, _class_text(module, cls))) == 1
+        and assigned_once(module, cls, attr)
         and not (project is not None and project.builds_passing(module.path, cls.name, parameter))
     ):
         line = module.line_of_class(cls.name)
         return Py(literal, source=f"`{cls.name}.__init__` ({module.path.name}:{line})")
     return None
+
+
+def assigned_once(module: ModuleInfo, cls: ClassInfo, attr: str) -> bool:
+    """No line of the class but one assigns ``self.attr``."""
+    assigned = rf"self\.{re.escape(attr)}\s*(?:[-+*/]?=)(?!=)"
+    return len(re.findall(assigned, _class_text(module, cls))) == 1
 
 
 def _passed_in(project: Project, module: ModuleInfo, cls: ClassInfo, attr: str) -> bool:

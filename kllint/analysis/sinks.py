@@ -136,6 +136,12 @@ def is_advantage_function(name: str) -> bool:
     )
 
 
+def is_advantage_field(name: str) -> bool:
+    """A field of a rollout record that a later loss reads as advantages
+    (``Experience.advantages``, ``Experience.returns``)."""
+    return bool(set(roles.words(name)) & {"advantage", "advantages", "returns"})
+
+
 def stored_advantages(target: cst.BaseExpression) -> str | None:
     """``rollout_data["advantages"]``, ``batch.advantages``: a place where a
     loss in another call tree reads advantages back (how it is written), else
