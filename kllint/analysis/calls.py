@@ -500,7 +500,7 @@ class Calls(Expressions):
         return None
 
     def _reference_args(self, call: cst.Call) -> bool:
-        names = [n for a in call.args for n in chain_names(a.value)]
+        names = [n for a in call.args for n in chain_names(_unscaled(a.value))]
         func_names = chain_names(call.func)
         # Inside a helper, ``model(ids)`` is the reference model when the
         # caller passed one (``_lp(self.ref_model, ids)``): the parameter
@@ -529,10 +529,11 @@ class Calls(Expressions):
         """``argument``: the first argument already evaluated (``F.log_softmax(
         model(ids).logits[:, start:-1].float())``), whose cut along time makes
         the log-probs per token."""
-        hints = [n for a in args[:1] for n in chain_names(a.value)]
+        hints = [n for a in args[:1] for n in chain_names(_unscaled(a.value))]
         source = receiver
-        if source is None and args and isinstance(args[0].value, cst.Name):
-            named = self.env.get(args[0].value.value)
+        first = _unscaled(args[0].value) if args else None
+        if source is None and isinstance(first, cst.Name):
+            named = self.env.get(first.value)
             source = named if isinstance(named, Unknown) else None
         return Unknown(
             code(call),
@@ -669,3 +670,13 @@ def _string_key(args: list[cst.Arg]) -> str | None:
 def _is_enum(cls: ClassInfo) -> bool:
     """``class KLType(str, enum.Enum)`` and the like, by its bases as written."""
     return any(base.rpartition(".")[2].endswith("Enum") for base in cls.bases)
+
+
+def _unscaled(expr: cst.BaseExpression) -> cst.BaseExpression:
+    """The logits of ``teacher_logits / temperature`` (or ``* scale``): a
+    temperature does not change whose logits they are."""
+    while isinstance(expr, cst.BinaryOperation) and isinstance(
+        expr.operator, (cst.Divide, cst.Multiply)
+    ):
+        expr = expr.left
+    return expr

@@ -68,6 +68,27 @@ class Expressions(Frame):
             left, right = self.eval(expr.left), self.eval(expr.right)
             if op is None:
                 return Unknown(code(expr), ("binop",))
+            if isinstance(left, Unknown) and not left.logprob_op:
+                if op == "sub" and _normaliser_of(expr.right, expr.left):
+                    # ``z - torch.logsumexp(z, -1, keepdim=True)``: the
+                    # log-softmax of ``z`` over the vocabulary.
+                    patterns = self.context.role_patterns
+                    return replace(
+                        left,
+                        text=code(expr),
+                        call=True,
+                        logprob_op=True,
+                        distribution=True,
+                        reference_model=left.reference_model
+                        or any(
+                            patterns.role_from_words(n) is Role.REFERENCE_LOGP for n in left.names
+                        ),
+                    )
+                if op in ("div", "mul") and roles.has_words(
+                    left.names[-1] if left.names else "", roles.LOGIT_WORDS
+                ):
+                    # ``teacher_logits / temperature``: still the teacher's logits.
+                    return replace(left, text=code(expr))
             log_prob = lowering.normalised_gather(op, left, right)
             if log_prob is not None:
                 return log_prob
@@ -719,3 +740,14 @@ def split_tensor(iterable: cst.BaseExpression) -> cst.BaseExpression | None:
     if isinstance(receiver, cst.Name) and receiver.value == "torch":
         return iterable.args[0].value if iterable.args else None
     return receiver
+
+
+def _normaliser_of(right: cst.BaseExpression, left: cst.BaseExpression) -> bool:
+    """``torch.logsumexp(z, ...)`` taken of the very expression ``z``."""
+    return (
+        isinstance(right, cst.Call)
+        and (dotted_name(right.func) or "").rpartition(".")[2] == "logsumexp"
+        and bool(right.args)
+        and right.args[0].keyword is None
+        and code(right.args[0].value) == code(left)
+    )

@@ -463,6 +463,9 @@ def _reference_renamed(name: str, value: Value, patterns: RolePatterns) -> ir.No
 
 # ----------------------------------------------------------------- relevance
 
+# Scores before a softmax: scaled by a temperature, still that model's.
+LOGIT_WORDS = frozenset({"logits", "logit"})
+
 # Words of an identifier that a function able to produce or judge a KL term
 # mentions somewhere: log-probs and the ops that compute them, a reference
 # or behaviour policy, KL itself, a loss or a backward pass (a sink). A
