@@ -426,7 +426,7 @@ class Calls(Expressions):
             return ir.Opaque(f"torch.{name}")
         arg_values = [self.eval(a.value) for a in args]
         kw_values = {k: self.eval(v) for k, v in kwargs.items()}
-        if name in LOGPROB_OPS or name == "log_softmax":
+        if name in LOGPROB_OPS or name in ("log_softmax", "softmax"):
             first = arg_values[0] if arg_values else None
             return self.logprob_call(
                 call, name, args, argument=first if isinstance(first, Unknown) else None
@@ -528,7 +528,8 @@ class Calls(Expressions):
     ) -> Value:
         """``argument``: the first argument already evaluated (``F.log_softmax(
         model(ids).logits[:, start:-1].float())``), whose cut along time makes
-        the log-probs per token."""
+        the log-probs per token. A ``softmax`` gives probabilities: the exp of
+        the log-probs, whose policy is found the same way."""
         hints = [n for a in args[:1] for n in chain_names(_unscaled(a.value))]
         source = receiver
         first = _unscaled(args[0].value) if args else None
@@ -537,14 +538,14 @@ class Calls(Expressions):
             source = named if isinstance(named, Unknown) else None
         return Unknown(
             code(call),
-            (name, *hints),
+            (name, *hints, *(["probs"] if name == "softmax" else [])),
             call=True,
             # ``F.log_softmax(logits)`` in a helper given ``ref_model(ids).logits``:
             # the log-probs of the reference's logits are the reference's.
             reference_model=self._reference_args(call)
             or (receiver is None and source is not None and source.reference_model),
             logprob_op=True,
-            distribution=name == "log_softmax",
+            distribution=name in ("log_softmax", "softmax"),
             per_token=any(s is not None and s.per_token for s in (source, argument)),
         )
 
@@ -578,7 +579,7 @@ class Calls(Expressions):
                 {a.keyword.value: a.value for a in call.args if a.keyword is not None},
                 None,
             )
-        if roles.is_logprob_name(method) or method in LOGPROB_OPS:
+        if roles.is_logprob_name(method) or method in LOGPROB_OPS or method == "softmax":
             return self.logprob_call(call, method, args, receiver)
         credited = self.advantage_estimator(method, call)
         if credited is not None:

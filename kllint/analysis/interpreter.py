@@ -625,6 +625,9 @@ class Interpreter(Calls):
             or (patterns.role_from_words(name) is not None and roles.is_one_log_prob(value))
         ):
             value = roles.name_logprob(name, value, patterns, no_grad=self.no_grad)
+        elif roles.is_one_probability(value):
+            # ``ref_tok = token_probs(ref_model, ...)``: the caller's name.
+            value = roles.reference_renamed(name, value, patterns) or value
         if isinstance(value, Unknown):
             # The variable's own name is evidence too (``mask``, ``beta``).
             value = replace(value, names=(*value.names, name))

@@ -325,6 +325,17 @@ def is_one_log_prob(value: Value) -> bool:
     return len(atoms) == 1 and next(iter(atoms))[0] in (Role.POLICY_LOGP, Role.OLD_LOGP)
 
 
+def is_one_probability(value: Value) -> bool:
+    """``exp`` of one log-prob, possibly detached: a token's probability."""
+    bare = value.arg if isinstance(value, ir.Unary) and value.op == "detach" else value
+    return (
+        isinstance(bare, ir.Unary)
+        and bare.op == "exp"
+        and isinstance(bare.arg, ir.Atom)
+        and bare.arg.role in (Role.POLICY_LOGP, Role.OLD_LOGP, Role.REFERENCE_LOGP)
+    )
+
+
 def resolve(
     unknown: Unknown,
     patterns: RolePatterns,
@@ -405,7 +416,7 @@ def name_logprob(name: str, value: Value, patterns: RolePatterns, *, no_grad: bo
     compute a log-prob (a model forward, a gather) does not matter, only
     which policy it belongs to and whether it carries gradient. A value
     that already involves the reference is a log-ratio and is kept."""
-    renamed = _reference_renamed(name, value, patterns)
+    renamed = reference_renamed(name, value, patterns)
     if renamed is not None:
         return renamed
     nodes = [v for _, v in value.options] if isinstance(value, Choice) else [value]
@@ -445,7 +456,7 @@ def name_logprob(name: str, value: Value, patterns: RolePatterns, *, no_grad: bo
     )
 
 
-def _reference_renamed(name: str, value: Value, patterns: RolePatterns) -> ir.Node | None:
+def reference_renamed(name: str, value: Value, patterns: RolePatterns) -> ir.Node | None:
     """``ref_logp, _ = self.logprobs(self.ref_policy, batch)``: the reference
     log-prob a helper returned goes by the caller's name (``ref_logp``, not the
     helper's ``token_logps``), the name a message and a fix must use."""
@@ -456,7 +467,13 @@ def _reference_renamed(name: str, value: Value, patterns: RolePatterns) -> ir.No
         return None
     atom = atoms[0]
     bare = value.arg if isinstance(value, ir.Unary) and value.op == "detach" else value
-    if bare is not atom or patterns.logprob_role(name) is not Role.REFERENCE_LOGP:
+    # ``ref_tok = token_probs(ref_model, ...)``: a probability (the exp of the
+    # log-prob) goes by the caller's name too, named by its policy alone.
+    probability = isinstance(bare, ir.Unary) and bare.op == "exp" and bare.arg is atom
+    named = patterns.logprob_role(name) or (
+        patterns.role_from_words(name) if probability else None
+    )
+    if not (bare is atom or probability) or named is not Role.REFERENCE_LOGP:
         return None
     return ir.substitute(value, {id(atom): replace(atom, name=name)})
 
