@@ -651,7 +651,42 @@ def _tensor(at: TorchCall, args: Args, kwargs: Kwargs) -> Value | None:
     return args[0] if args and isinstance(args[0], ir.Const) else None
 
 
+def _einsum(at: TorchCall, args: Args, kwargs: Kwargs) -> Value | None:
+    """``torch.einsum("bt,bt->b", weight, logp)``: a product of operands
+    indexed alike, summed over the trailing indices the output drops (the
+    vocabulary of ``btv``, the time of ``bt``, everything for ``->``)."""
+    if not args or not isinstance(args[0], Py) or not isinstance(args[0].value, str):
+        return None
+    spec = args[0].value.replace(" ", "")
+    operands = list(args[1].items) if len(args) == 2 and isinstance(args[1], Seq) else args[1:]
+    inputs, arrow, output = spec.partition("->")
+    subscripts = inputs.split(",")
+    if (
+        not arrow
+        or len(subscripts) != len(operands)
+        or len(set(subscripts)) != 1
+        or not subscripts[0].startswith(output)
+    ):
+        return None
+    product: Value = operands[0]
+    for operand in operands[1:]:
+        product = at.binary("mul", product, operand)
+    dropped = len(subscripts[0]) - len(output)
+    if dropped == 0:
+        return product
+    if not output:
+        return at.lift1(product, lambda n: ir.Reduce("sum", Axis.ALL, n, origin=at.origin))
+    if dropped != 1:
+        return None
+    if len(subscripts[0]) == 3 and has_distribution(product):
+        return at.lift1(product, lambda n: vocabulary_expectation("sum", n, at.origin))
+    if len(subscripts[0]) == 2:
+        return at.lift1(product, lambda n: ir.Reduce("sum", Axis.TIME, n, origin=at.origin))
+    return None
+
+
 TORCH_FUNCTIONS: dict[str, FunctionLowering] = {
+    "einsum": _einsum,
     "max": _extremum("max"),
     "min": _extremum("min"),
     "maximum": _extremum("maximum"),
