@@ -444,36 +444,60 @@ def name_logprob(name: str, value: Value, patterns: RolePatterns, *, no_grad: bo
         or (isinstance(row, ir.Node) and any(a.per_token for a in row.atoms()))
         for row in rows
     )
+    # ``policy_logps = sequence_logps(model, ...)`` returning
+    # ``(token_logps * mask).sum(-1)``: log pi(y) of each sequence, whatever
+    # its name says (a per-token atom would drop the sum over time, and with
+    # it the sequence-level gradient the estimate has).
+    sequence = bool(logprob_nodes) and all(_sums_over_time(n) for n in logprob_nodes)
+    level = Level.SEQUENCE if sequence else level_of(name)
+    per_token = per_token and not sequence
     if patterns.logprob_role(name) is None and logprob_nodes:
         # ``ref = reference_logprobs(...)``: a log-prob named by its role alone.
         role = patterns.role_from_words(name) or Role.POLICY_LOGP
-        atom: ir.Node = ir.Atom(role, name, level_of(name), per_token=per_token)
+        atom: ir.Node = ir.Atom(role, name, level, per_token=per_token)
         return ir.detach(atom) if detached or no_grad else atom
-    return resolve(
+    resolved = resolve(
         Unknown(name, (name,), call=True, detached=detached, per_token=per_token),
         patterns,
         no_grad=no_grad,
     )
+    if sequence and isinstance(resolved, ir.Node):
+        return ir.substitute(
+            resolved, {id(a): replace(a, level=Level.SEQUENCE) for a in resolved.atoms()}
+        )
+    return resolved
+
+
+def _sums_over_time(node: ir.Node) -> bool:
+    bare = node.arg if isinstance(node, ir.Unary) and node.op == "detach" else node
+    return isinstance(bare, ir.Reduce) and bare.kind == "sum" and bare.axis is ir.Axis.TIME
 
 
 def reference_renamed(name: str, value: Value, patterns: RolePatterns) -> ir.Node | None:
     """``ref_logp, _ = self.logprobs(self.ref_policy, batch)``: the reference
-    log-prob a helper returned goes by the caller's name (``ref_logp``, not the
-    helper's ``token_logps``), the name a message and a fix must use."""
+    log-prob a helper returned (masked or not: ``lp * response_mask``) goes by
+    the caller's name (``ref_logp``, not the helper's ``token_logps``), the
+    name a message and a fix must use. So does a reference's probability
+    (``ref_tok = token_probs(ref_model, ...)``), named by its policy alone."""
     if not isinstance(value, ir.Node):
         return None
-    atoms = list(value.atoms())
-    if len(atoms) != 1 or atoms[0].role is not Role.REFERENCE_LOGP:
+    logprobs = {
+        id(a): a
+        for a in value.atoms()
+        if a.role in (Role.POLICY_LOGP, Role.OLD_LOGP, Role.REFERENCE_LOGP)
+    }
+    if len(logprobs) != 1:
         return None
-    atom = atoms[0]
-    bare = value.arg if isinstance(value, ir.Unary) and value.op == "detach" else value
-    # ``ref_tok = token_probs(ref_model, ...)``: a probability (the exp of the
-    # log-prob) goes by the caller's name too, named by its policy alone.
-    probability = isinstance(bare, ir.Unary) and bare.op == "exp" and bare.arg is atom
+    (atom,) = logprobs.values()
+    if atom.role is not Role.REFERENCE_LOGP:
+        return None
+    probability = any(
+        isinstance(n, ir.Unary) and n.op == "exp" and n.arg is atom for n in value.walk()
+    )
     named = patterns.logprob_role(name) or (
         patterns.role_from_words(name) if probability else None
     )
-    if not (bare is atom or probability) or named is not Role.REFERENCE_LOGP:
+    if named is not Role.REFERENCE_LOGP:
         return None
     return ir.substitute(value, {id(atom): replace(atom, name=name)})
 
