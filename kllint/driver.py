@@ -86,6 +86,11 @@ def interpret(
     configured = roles.policy or roles.reference or roles.old
     keep = None if configured else (lambda key: sketch_may_compute_kl(info.sketch, *key))
     for fn, cls in iter_functions(info, keep):
+        # A constructor builds an object; what it computes reaches no loss.
+        # (Functions nested in it still run; it is still interpreted where
+        # an object is built, for the attributes its methods read.)
+        if cls is not None and fn.name.value == "__init__":
+            continue
         if may_compute_kl(info, fn, cls, roles):
             Interpreter(context, info, cls).run_function(fn)
     parsed = info.parsed_module

@@ -141,17 +141,55 @@ def test_a_helper_read_definition_by_definition_keeps_imports_and_constants() ->
     assert info.functions["guarded"].name.value == "guarded"
 
 
+def test_a_config_class_is_read_for_its_field_defaults_without_libcst() -> None:
+    # A config class of hundreds of lines is read for one default
+    # (``config: ActorConfig`` then ``config.kl_loss_type``): Python's parser
+    # reads its body; LibCST parses it only if the analysis needs its node.
+    source = (
+        "from dataclasses import dataclass, field\n"
+        "@dataclass\n"
+        "class ActorConfig:\n"
+        "    kl_loss_type: str = 'low_var_kl'\n"
+        "    kl_estimator: str = field(default='k3', metadata={'help': 'k1 | k3'})\n"
+        "    top_k: int = 0x10\n"
+        "    use_kl_loss: bool = True\n"
+        "    K2 = 'mse'\n"
+        "    def method(self):\n"
+        "        self.not_a_field = 'x'\n"
+    )
+    info = ModuleInfo.of_helper(Path("config.py"), source)
+    config = info.classes["ActorConfig"]
+    read = [(f.name, f.annotated, f.literal, f.field_default) for f in config.fields]
+    assert read == [
+        ("kl_loss_type", True, "low_var_kl", None),
+        ("kl_estimator", True, None, "k3"),
+        ("top_k", True, 16, None),
+        ("use_kl_loss", True, None, None),
+        ("K2", False, "mse", None),
+    ]
+    assert not isinstance(config._node, cst.ClassDef)  # never parsed by LibCST
+    parsed = ModuleInfo(Path("config.py"), cst.parse_module(source), source)
+    assert [(f.name, f.literal, f.field_default) for f in parsed.classes["ActorConfig"].fields] == [
+        (name, literal, default) for name, _, literal, default in read
+    ]
+
+
 def test_a_file_is_parsed_whole_only_when_its_own_code_can_compute_a_kl_term() -> None:
     # A table of renamings that says ``log_softmax`` only in its strings
-    # computes nothing; a script's loop that computes log-probs does.
+    # computes nothing, nor do constants and registries named like a loss or
+    # a log-prob (only assigned, or only annotated with such a name); a
+    # script's loop that computes log-probs does.
     table = (
         "RENAMES = {r'log_softmax\\.mlp': 'head.mlp'}\n"
+        "LOGPROB_CHUNK_SIZE = int(os.environ.get('CHUNK', '8'))\n"
+        "POLICY_LOSS_REGISTRY: dict[str, PolicyLossFn] = {}\n"
         "def forward(self, x):\n"
         "    return self.mlp(x)\n"
     )
     script = "logps = model(ids).logits.log_softmax(-1)\nloss = (logps - ref).mean()\n"
-    assert ModuleInfo.of_helper(Path("m.py"), table).top_level_names == {"RENAMES"}
-    assert {"log_softmax", "logps", "loss"} <= ModuleInfo.of_helper(
+    names = ModuleInfo.of_helper(Path("m.py"), table).top_level_names
+    assert names == {"int", "os", "environ", "get"}
+    assert {"log_softmax", "logps", "ref"} <= ModuleInfo.of_helper(
         Path("s.py"), script
     ).top_level_names
 

@@ -832,13 +832,7 @@ def _rows(value: Value, label: str = "") -> list[tuple[str, Value]]:
 
 def _record_fields(cls: ClassInfo) -> list[str]:
     """A dataclass's fields in order: its annotated class-body names."""
-    return [
-        small.target.value
-        for statement in cls.node.body.body
-        if isinstance(statement, cst.SimpleStatementLine)
-        for small in statement.body
-        if isinstance(small, cst.AnnAssign) and isinstance(small.target, cst.Name)
-    ]
+    return [found.name for found in cls.fields if found.annotated]
 
 
 def _log_probs_in(value: Value) -> bool:

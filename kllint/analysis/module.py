@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import ast
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -20,6 +20,19 @@ class ImportedName:
     level: int = 0  # leading dots of a relative import
 
 
+@dataclass(frozen=True)
+class ClassField:
+    """One assignment directly in a class body (``kl_estimator: str = "k3"``,
+    ``K3 = "k3"``, ``kind: str = field(default="k1")``)."""
+
+    name: str
+    annotated: bool
+    # The value when it is a string or integer literal, else None.
+    literal: str | int | None
+    # ``field(default=...)`` / ``dataclasses.field(default=...)``: that literal.
+    field_default: str | int | None
+
+
 class ClassInfo:
     """A class: its methods by name and its bases as written. The class's
     own node is parsed on first use when the class came from a helper file
@@ -32,17 +45,113 @@ class ClassInfo:
         bases: list[str] | None = None,
         *,
         name: str | None = None,
+        text: Callable[[], str] | None = None,
     ) -> None:
         self._node = node
         self.name = name if name is not None else cast(cst.ClassDef, node).name.value
         self.methods = methods if methods is not None else {}
         self.bases = bases if bases is not None else []
+        self._text = text
+        self._fields: list[ClassField] | None = None
 
     @property
     def node(self) -> cst.ClassDef:
         if not isinstance(self._node, cst.ClassDef):
             self._node = self._node()
         return self._node
+
+    @property
+    def fields(self) -> list[ClassField]:
+        """The class body's assignments, in order. Read with Python's parser
+        while LibCST has not parsed the class: a config class of hundreds of
+        lines is read for one field default."""
+        if self._fields is None:
+            if isinstance(self._node, cst.ClassDef) or self._text is None:
+                self._fields = _cst_fields(self.node)
+            else:
+                self._fields = _ast_fields(self._text())
+        return self._fields
+
+
+_FIELD_CALLS = ("field", "dataclasses.field")
+
+
+def _cst_fields(node: cst.ClassDef) -> list[ClassField]:
+    def literal(value: cst.BaseExpression | None) -> str | int | None:
+        if isinstance(value, cst.SimpleString) and isinstance(value.evaluated_value, str):
+            return value.evaluated_value
+        if isinstance(value, cst.Integer):
+            return int(value.value, 0)
+        return None
+
+    found = []
+    for statement in node.body.body:
+        if not isinstance(statement, cst.SimpleStatementLine):
+            continue
+        for small in statement.body:
+            if isinstance(small, cst.AnnAssign) and isinstance(small.target, cst.Name):
+                value = small.value
+                default = None
+                if isinstance(value, cst.Call) and dotted_name(value.func) in _FIELD_CALLS:
+                    default = literal(
+                        next(
+                            (
+                                a.value
+                                for a in value.args
+                                if a.keyword and a.keyword.value == "default"
+                            ),
+                            None,
+                        )
+                    )
+                found.append(ClassField(small.target.value, True, literal(value), default))
+            elif (
+                isinstance(small, cst.Assign)
+                and len(small.targets) == 1
+                and isinstance(small.targets[0].target, cst.Name)
+            ):
+                found.append(
+                    ClassField(small.targets[0].target.value, False, literal(small.value), None)
+                )
+    return found
+
+
+def _ast_fields(text: str) -> list[ClassField]:
+    def literal(value: ast.expr | None) -> str | int | None:
+        if isinstance(value, ast.Constant) and type(value.value) in (str, int):
+            return cast("str | int", value.value)
+        return None
+
+    try:
+        tree = ast.parse(("class _:\n" + text) if text[:1] in (" ", "\t") else text)
+        node = tree.body[0].body[0] if text[:1] in (" ", "\t") else tree.body[0]  # type: ignore[attr-defined]
+    except (SyntaxError, ValueError, RecursionError, IndexError, AttributeError):
+        return []
+    found = []
+    for small in getattr(node, "body", []):
+        if isinstance(small, ast.AnnAssign) and isinstance(small.target, ast.Name):
+            value = small.value
+            default = None
+            if isinstance(value, ast.Call) and _ast_dotted(value.func) in _FIELD_CALLS:
+                default = literal(
+                    next((k.value for k in value.keywords if k.arg == "default"), None)
+                )
+            found.append(ClassField(small.target.id, True, literal(value), default))
+        elif (
+            isinstance(small, ast.Assign)
+            and len(small.targets) == 1
+            and isinstance(small.targets[0], ast.Name)
+        ):
+            found.append(ClassField(small.targets[0].id, False, literal(small.value), None))
+    return found
+
+
+def _ast_dotted(node: ast.expr) -> str | None:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        base = _ast_dotted(node.value)
+        return f"{base}.{node.attr}" if base else None
+    return None
 
 
 class Definitions(dict):
@@ -216,7 +325,11 @@ class _Pieces:
                     for b in statement.bases
                 ]
                 info.classes[statement.name] = ClassInfo(
-                    self.definition(statement), methods, bases, name=statement.name
+                    self.definition(statement),
+                    methods,
+                    bases,
+                    name=statement.name,
+                    text=self.text(statement),
                 )
             elif isinstance(statement, ast.If):
                 self.collect(statement.body)
@@ -262,6 +375,10 @@ class _Pieces:
 
     # The parsers below keep line numbers, not ``ast`` nodes: a node would
     # keep its file's whole tree alive.
+
+    def text(self, statement: ast.stmt) -> Callable[[], str]:
+        lines, span = self.lines, self.span(statement)
+        return lambda: "\n".join(lines[slice(*span)]) + "\n"
 
     def definition(self, statement: ast.stmt) -> Callable[[], Any]:
         lines, span = self.lines, self.span(statement)
@@ -369,17 +486,37 @@ class Sketch:
 
 
 def _names_in(statement: ast.stmt) -> set[str]:
+    """The names a top-level statement reads. A name it only assigns
+    (``POLICY_LOSS_REGISTRY = {}``, ``_LOGPROB_CHUNK_SIZE = int(...)``) is
+    not evidence of a KL term computed there: one computed at top level
+    reads log-probs, a KL helper or a loss."""
     names = set()
-    for node in ast.walk(statement):
-        if isinstance(node, ast.Name):
+    for node in _walk_code(statement):
+        if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Store):
             names.add(node.id)
-        elif isinstance(node, ast.Attribute):
+        elif isinstance(node, ast.Attribute) and not isinstance(node.ctx, ast.Store):
             names.add(node.attr)
         elif isinstance(node, (ast.keyword, ast.arg)) and node.arg:
             names.add(node.arg)
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             names.add(node.name)
     return names
+
+
+def _walk_code(node: ast.AST) -> Iterator[ast.AST]:
+    """``ast.walk`` without annotations (``REGISTRY: dict[str, PolicyLossFn] = {}``
+    computes nothing with ``PolicyLossFn``)."""
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        yield current
+        for name, value in ast.iter_fields(current):
+            if name in ("annotation", "returns"):
+                continue
+            if isinstance(value, ast.AST):
+                stack.append(value)
+            elif isinstance(value, list):
+                stack.extend(v for v in value if isinstance(v, ast.AST))
 
 
 def _function_names(source: str, classes: dict[str, list[str]]) -> dict[FunctionKey, FunctionNames]:

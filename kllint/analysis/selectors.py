@@ -66,7 +66,10 @@ def selects_estimator(
     if in_helper and _equals_a_number(compared):
         # ``if alpha == 1.0:`` picks the reverse KL among a family of divergences.
         return True
-    if not any(isinstance(n, cst.SimpleString) for n in descendants(compared)):
+    # A string literal is spelled with a quote: most conditions have none.
+    if ("'" not in text and '"' not in text) or not any(
+        isinstance(n, cst.SimpleString) for n in descendants(compared)
+    ):
         return False
     if in_helper:
         return True
@@ -114,20 +117,9 @@ def class_constant(module: ModuleInfo, class_name: str, attr: str) -> Py | None:
     info = module.classes.get(class_name)
     if info is None:
         return None
-    for statement in info.node.body.body:
-        if not isinstance(statement, cst.SimpleStatementLine):
-            continue
-        for small in statement.body:
-            target = None
-            if isinstance(small, cst.Assign) and len(small.targets) == 1:
-                target, value = small.targets[0].target, small.value
-            elif isinstance(small, cst.AnnAssign) and small.value is not None:
-                target, value = small.target, small.value
-            if isinstance(target, cst.Name) and target.value == attr:
-                if isinstance(value, cst.SimpleString) and isinstance(value.evaluated_value, str):
-                    return Py(value.evaluated_value)
-                if isinstance(value, cst.Integer):
-                    return Py(int(value.value, 0))
+    for found in info.fields:
+        if found.name == attr and found.literal is not None:
+            return Py(found.literal)
     return None
 
 
@@ -264,18 +256,29 @@ def _init_parameter(cls: ClassInfo, attr: str) -> str | None:
     init = cls.methods.get("__init__")
     if init is None or not isinstance(init.body, cst.IndentedBlock):
         return None
-    for statement in init.body.body:
-        if not isinstance(statement, cst.SimpleStatementLine):
-            continue
-        for small in statement.body:
-            if (
-                isinstance(small, cst.Assign)
-                and len(small.targets) == 1
-                and dotted_name(small.targets[0].target) == f"self.{attr}"
-                and isinstance(small.value, cst.Name)
-            ):
-                return small.value.value
-    return None
+    # Every ``self.x`` read in a method asks: ``__init__`` is read once.
+    known = _INIT_ASSIGNMENTS.get(id(init))
+    if known is None or known[0] is not init:
+        table: dict[str, str] = {}
+        for statement in init.body.body:
+            if not isinstance(statement, cst.SimpleStatementLine):
+                continue
+            for small in statement.body:
+                if (
+                    isinstance(small, cst.Assign)
+                    and len(small.targets) == 1
+                    and isinstance(small.value, cst.Name)
+                ):
+                    target = dotted_name(small.targets[0].target)
+                    if target is not None:
+                        table.setdefault(target, small.value.value)  # the first one counts
+        known = _INIT_ASSIGNMENTS[id(init)] = (init, table)
+    return known[1].get(f"self.{attr}")
+
+
+# Keyed by the id of ``__init__``'s node, which is kept with its table so
+# that the id is not reused while it is a key.
+_INIT_ASSIGNMENTS: dict[int, tuple[cst.FunctionDef, dict[str, str]]] = {}
 
 
 def _class_text(module: ModuleInfo, cls: ClassInfo) -> str:
@@ -328,38 +331,19 @@ def typed_default(
     if found is None:
         return None
     config_class, where = found
-    value = _field_default(config_class, attr)
-    literal: object = None
-    if isinstance(value, cst.SimpleString) and isinstance(value.evaluated_value, str):
-        literal = value.evaluated_value
-    elif index and isinstance(value, cst.Integer):
-        literal = int(value.value, 0)
-    if literal is None:
+    literal = _field_default(config_class, attr)
+    if literal is None or (isinstance(literal, int) and not index):
         return None
     line = where.line_of_class(config_class.name)
     return Py(literal, source=f"`{config_class.name}` ({where.path.name}:{line})")
 
 
-def _field_default(cls: ClassInfo, attr: str) -> cst.BaseExpression | None:
+def _field_default(cls: ClassInfo, attr: str) -> str | int | None:
     """``attr: str = "k3"`` or ``attr: str = field(default="k3")`` in a class body."""
-    for statement in cls.node.body.body:
-        if not isinstance(statement, cst.SimpleStatementLine):
-            continue
-        for small in statement.body:
-            if not (isinstance(small, cst.AnnAssign) and isinstance(small.target, cst.Name)):
-                continue
-            if small.target.value != attr or small.value is None:
-                continue
-            value: cst.BaseExpression | None = small.value
-            if isinstance(value, cst.Call) and dotted_name(value.func) in (
-                "field",
-                "dataclasses.field",
-            ):
-                value = next(
-                    (a.value for a in value.args if a.keyword and a.keyword.value == "default"),
-                    None,
-                )
-            if isinstance(value, (cst.SimpleString, cst.Integer)):
+    for found in cls.fields:
+        if found.name == attr and found.annotated:
+            value = found.literal if found.literal is not None else found.field_default
+            if value is not None:
                 return value
     return None
 

@@ -4,6 +4,7 @@ descendants. Pure functions over LibCST nodes."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 
 import libcst as cst
@@ -64,6 +65,26 @@ def chain_names(expr: cst.BaseExpression) -> list[str]:
 
 
 def descendants(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
-    yield node
-    for child in node.children:
-        yield from descendants(child)
+    """The node and every node below it. Read from the nodes' fields:
+    LibCST's ``children`` runs a visitor over each node, a tenth of a parse
+    for the conditions of a file."""
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        yield current
+        for name in _child_fields(type(current)):
+            value = getattr(current, name)
+            if isinstance(value, cst.CSTNode):
+                stack.append(value)
+            elif isinstance(value, (list, tuple)):
+                stack.extend(v for v in value if isinstance(v, cst.CSTNode))
+
+
+def _child_fields(kind: type[cst.CSTNode]) -> tuple[str, ...]:
+    known = _FIELDS.get(kind)
+    if known is None:
+        known = _FIELDS[kind] = tuple(f.name for f in dataclasses.fields(kind))
+    return known
+
+
+_FIELDS: dict[type[cst.CSTNode], tuple[str, ...]] = {}
