@@ -125,7 +125,13 @@ def lint_paths(
         files.setdefault(os.path.abspath(path), path)  # `kllint . a.py` lints a.py once
 
     pending: list[_Source] = []
-    skipped: list[_Source] = []
+
+    def record(source: _Source, outcome: _Outcome) -> None:
+        comments = _add(result, source, outcome)
+        if cache is not None and outcome.cacheable and not outcome.internal:
+            entry = Entry(outcome.findings, outcome.error, checked=True, comments=comments)
+            cache.put(source.path, source.shown, source.digest, outcome.dependencies, entry)
+
     use_cache = cache is not None and not keep_sites
     by_directory: dict[str, Settings] = {}
     for key, path in files.items():
@@ -147,18 +153,14 @@ def lint_paths(
         if hit is not None:
             _add(result, source, _Outcome(hit.findings, hit.error, comments=hit.comments))
         elif not keep_sites and not _may_hold_kl(source):
-            skipped.append(source)  # not parsed: it cannot hold a KL term
+            # Not parsed: it cannot hold a KL term. Recorded now, so that its
+            # text is not held (nor copied into every worker) while the
+            # others are analysed.
+            record(source, _Outcome([]))
         else:
             pending.append(source)
+    source = None  # the last file's text is not kept either
 
-    def record(source: _Source, outcome: _Outcome) -> None:
-        comments = _add(result, source, outcome)
-        if cache is not None and outcome.cacheable and not outcome.internal:
-            entry = Entry(outcome.findings, outcome.error, checked=True, comments=comments)
-            cache.put(source.path, source.shown, source.digest, outcome.dependencies, entry)
-
-    for source in skipped:
-        record(source, _Outcome([]))
     if pending:
         # Imported here, once, before any worker is forked from this process.
         from kllint import driver  # noqa: F401

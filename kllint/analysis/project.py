@@ -72,9 +72,10 @@ class Default:
 
 @dataclass
 class _Constructions:
-    sites: dict[str, list[tuple[str, int]]] = field(
-        default_factory=dict
-    )  # class -> (text, after "(")
+    # The files that call each capitalised name: a package's texts are not
+    # kept (transformers' are 50 MB in every worker), only read again for
+    # the few classes asked about.
+    callers: dict[str, list[str]] = field(default_factory=dict)  # class -> files
     files: list[str] = field(default_factory=list)
     passing: dict[tuple[str, str], bool] = field(default_factory=dict)  # (class, parameter)
 
@@ -121,12 +122,11 @@ class Project:
         self._sketches: dict[Path, Sketch] = {}
         # Texts of files sketched and not yet parsed.
         self._sketched_texts: dict[Path, str] = {}
-        # Callers that backpropagate a helper's result, per scanned directory:
-        # built on first use (most files never ask), once per run.
-        self._texts: dict[str, str | None] = {}
         # The text test a linted file must pass to be analysed (set by the
         # driver; None when every file is analysed).
         self.prefilter: Callable[[str], bool] | None = None
+        # Callers that backpropagate a helper's result, per scanned directory:
+        # built on first use (most files never ask), once per run.
         self._backprop: dict[Path, tuple[dict[str, list[callers.Caller]], list[str]]] = {}
         # Every file the analysis used since the caller last cleared it (the
         # results cache re-analyses a file when one of these changes).
@@ -328,15 +328,16 @@ class Project:
         the same findings however it is reached (and cached)."""
         return self.prefilter is None or self.prefilter(module.source)
 
-    def _text(self, path: str) -> str | None:
-        """A file's text, read once for the scans that read whole packages
-        (defaults, callers)."""
-        if path not in self._texts:
-            try:
-                self._texts[path] = Path(path).read_text(encoding="utf-8", errors="replace")
-            except OSError:
-                self._texts[path] = None
-        return self._texts[path]
+    @staticmethod
+    def _text(path: str) -> str | None:
+        """A file's text, for the scans that read whole packages (defaults,
+        constructor calls, callers). Read again by each, not kept: each scan
+        is made once per package, and the texts of a large package cost
+        more memory than reading them again costs time."""
+        try:
+            return Path(path).read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return None
 
     @staticmethod
     def _scan_root(importer: Path) -> Path:
@@ -378,9 +379,12 @@ class Project:
         key = (class_name, parameter)
         if key not in calls.passing:
             keyword = re.compile(rf"\b{re.escape(parameter)}\s*=(?!=)")
+            construction = re.compile(rf"\b{re.escape(class_name)}\(")
             calls.passing[key] = any(
                 keyword.search(text[start : _closing_bracket(text, start, 2000) or start + 2000])
-                for text, start in calls.sites.get(class_name, [])
+                for path in calls.callers.get(class_name, [])
+                if (text := self._text(path)) is not None
+                for start in (m.end() for m in construction.finditer(text))
             )
         return calls.passing[key]
 
@@ -394,8 +398,8 @@ class Project:
             if text is None:
                 continue
             found.files.append(path)
-            for match in _CONSTRUCTION.finditer(text):
-                found.sites.setdefault(match.group(1), []).append((text, match.end()))
+            for name in set(_CONSTRUCTION.findall(text)):
+                found.callers.setdefault(name, []).append(path)
         return found
 
     def _scan_defaults(self, root: Path, top: Path) -> _PackageDefaults:
