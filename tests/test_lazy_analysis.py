@@ -202,3 +202,20 @@ def test_the_same_method_in_two_classes_is_placed_where_each_is_written() -> Non
     placed = _positions(source)
     assert len(placed) == 2 and placed[0][1] != placed[1][1]
     assert placed == _positions_parsed_whole(source)
+
+
+def test_the_names_a_module_calls_are_read_from_its_text() -> None:
+    # Which helpers a file can reach, before anything is parsed: calls by
+    # name and on ``self``/``cls``, counted; not methods of other objects,
+    # definitions, or names that cannot be Python identifiers.
+    from kllint.analysis.interpreter import called_names
+
+    source = (
+        "class KLLoss(nn.Module):\n"
+        "    def forward(self, logp, ref):\n"
+        "        kl = self.kl_penalty(logp, ref) + cls.build ()\n"
+        "        myself.kl_penalty(kl)\n"
+        "        return masked_mean(kl, mask) * masked_mean\n"
+        "            (kl, mask) + torch.exp(x) + 1e3(x) + é(x)\n"
+    )
+    assert called_names(source) == {"kl_penalty": 1, "build": 1, "masked_mean": 2}

@@ -30,7 +30,6 @@ that call site.
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
@@ -951,16 +950,35 @@ def helper_label(ref: FuncRef) -> str:
     )
 
 
-_CALL = re.compile(
-    r"(?:(?<![\w.])(?<!def )(?<!class )|(?<=\bself\.)|(?<=\bcls\.))([A-Za-z_]\w*)\s*\("
-)
-
-
 def called_names(source: str) -> Counter[str]:
-    """Functions and methods a module calls by name (``f(...)``, ``self.f(...)``),
-    each with the number of calls written. A text scan: a LibCST visitor over
-    the whole module costs more than the parse."""
-    return Counter(_CALL.findall(source))
+    """Functions and methods a module calls by name (``f(...)``, ``self.f(...)``,
+    ``cls.f(...)``; not ``x.f(...)``, a ``def`` or a ``class``), each with the
+    number of calls written. A text scan from each ``(`` back to the name
+    before it: a LibCST visitor over the whole module costs more than the
+    parse, and a regular expression tried at every character a fifth of it."""
+    found: Counter[str] = Counter()
+    for piece in source.split("(")[:-1]:
+        end = len(piece.rstrip())
+        start = end
+        while start and _in_word(piece[start - 1]):
+            start -= 1
+        if start == end or not (piece[start].isascii() and not piece[start].isdigit()):
+            continue  # no name before the bracket, or ``1e3(`` / ``é(``
+        before = piece[:start]
+        receiver = 5 if before.endswith("self.") else 4 if before.endswith("cls.") else 0
+        if receiver:
+            head = len(before) - receiver
+            if head == 0 or not _in_word(before[head - 1]):  # ``self.f(``, not ``myself.f(``
+                found[piece[start:end]] += 1
+        elif not (before and (_in_word(before[-1]) or before[-1] == ".")) and not before.endswith(
+            ("def ", "class ")
+        ):
+            found[piece[start:end]] += 1
+    return found
+
+
+def _in_word(char: str) -> bool:
+    return char.isalnum() or char == "_"
 
 
 _CALLED: dict[int, tuple[ModuleInfo, frozenset[str]]] = {}
