@@ -62,57 +62,16 @@ class ClassInfo:
 
     @property
     def fields(self) -> list[ClassField]:
-        """The class body's assignments, in order. Read with Python's parser
-        while LibCST has not parsed the class: a config class of hundreds of
-        lines is read for one field default."""
+        """The class body's assignments, in order, read with Python's parser:
+        a config class of hundreds of lines is read for one field default,
+        and LibCST need not parse it."""
         if self._fields is None:
-            if isinstance(self._node, cst.ClassDef) or self._text is None:
-                self._fields = _cst_fields(self.node)
-            else:
-                self._fields = _ast_fields(self._text())
+            text = self._text() if self._text else cst.Module(body=[]).code_for_node(self.node)
+            self._fields = _ast_fields(text)
         return self._fields
 
 
 _FIELD_CALLS = ("field", "dataclasses.field")
-
-
-def _cst_fields(node: cst.ClassDef) -> list[ClassField]:
-    def literal(value: cst.BaseExpression | None) -> str | int | None:
-        if isinstance(value, cst.SimpleString) and isinstance(value.evaluated_value, str):
-            return value.evaluated_value
-        if isinstance(value, cst.Integer):
-            return int(value.value, 0)
-        return None
-
-    found = []
-    for statement in node.body.body:
-        if not isinstance(statement, cst.SimpleStatementLine):
-            continue
-        for small in statement.body:
-            if isinstance(small, cst.AnnAssign) and isinstance(small.target, cst.Name):
-                value = small.value
-                default = None
-                if isinstance(value, cst.Call) and dotted_name(value.func) in _FIELD_CALLS:
-                    default = literal(
-                        next(
-                            (
-                                a.value
-                                for a in value.args
-                                if a.keyword and a.keyword.value == "default"
-                            ),
-                            None,
-                        )
-                    )
-                found.append(ClassField(small.target.value, True, literal(value), default))
-            elif (
-                isinstance(small, cst.Assign)
-                and len(small.targets) == 1
-                and isinstance(small.targets[0].target, cst.Name)
-            ):
-                found.append(
-                    ClassField(small.targets[0].target.value, False, literal(small.value), None)
-                )
-    return found
 
 
 def _ast_fields(text: str) -> list[ClassField]:
@@ -131,7 +90,7 @@ def _ast_fields(text: str) -> list[ClassField]:
         if isinstance(small, ast.AnnAssign) and isinstance(small.target, ast.Name):
             value = small.value
             default = None
-            if isinstance(value, ast.Call) and _ast_dotted(value.func) in _FIELD_CALLS:
+            if isinstance(value, ast.Call) and ast.unparse(value.func) in _FIELD_CALLS:
                 default = literal(
                     next((k.value for k in value.keywords if k.arg == "default"), None)
                 )
@@ -143,15 +102,6 @@ def _ast_fields(text: str) -> list[ClassField]:
         ):
             found.append(ClassField(small.targets[0].id, False, literal(small.value), None))
     return found
-
-
-def _ast_dotted(node: ast.expr) -> str | None:
-    if isinstance(node, ast.Name):
-        return node.id
-    if isinstance(node, ast.Attribute):
-        base = _ast_dotted(node.value)
-        return f"{base}.{node.attr}" if base else None
-    return None
 
 
 class Definitions(dict):

@@ -241,14 +241,8 @@ def _passed_in(project: Project, module: ModuleInfo, cls: ClassInfo, attr: str) 
         or any(part in lowered for part in KL_CONDITION_PARTS)
     ):
         return False
-    key = (module.path, cls.name, attr)
-    if key not in _INIT_PARAMETERS:
-        _INIT_PARAMETERS[key] = _init_parameter(cls, attr)
-    parameter = _INIT_PARAMETERS[key]
+    parameter = _init_parameter(cls, attr)
     return parameter is not None and project.builds_passing(module.path, cls.name, parameter)
-
-
-_INIT_PARAMETERS: dict[tuple[Path, str, str], str | None] = {}
 
 
 def _init_parameter(cls: ClassInfo, attr: str) -> str | None:
