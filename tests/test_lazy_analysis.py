@@ -219,3 +219,70 @@ def test_the_names_a_module_calls_are_read_from_its_text() -> None:
         "            (kl, mask) + torch.exp(x) + 1e3(x) + é(x)\n"
     )
     assert called_names(source) == {"kl_penalty": 1, "build": 1, "masked_mean": 2}
+
+
+CONFIG_PACKAGE = '''\
+import dataclasses
+from dataclasses import dataclass, field
+
+
+def build(kl_estimator="k2"):  # a parameter's default, not a field
+    loss_type = "sum"  # a local, not a field
+    return loss_type
+
+
+@dataclass
+class AlgorithmConfig:
+    """Settings.
+
+    loss_type: how the loss is aggregated
+    """
+
+    kl_estimator: str = "k3"
+    kl_coef: float = 0.05  # the penalty's weight
+
+    def describe(self):
+        loss_type = "mean"  # a method's local, not a field
+        return loss_type
+
+    class Nested:
+        clip_ratio = 0.2
+
+    # A comment at the class's own indentation does not end it.
+    use_kl_loss: bool = field(
+        default=True,
+        metadata={"help": "penalise in the loss"},
+    )
+    entropy_coeff: float = dataclasses.field(default=0.0)
+
+
+def after():
+    kl_coef = 1.0  # after the class: a local again
+    return kl_coef
+
+
+class Other:
+\tloss_agg_mode = "token-mean"
+'''
+
+
+def test_config_defaults_are_the_fields_of_class_bodies_only(tmp_path: Path) -> None:
+    # The package-wide scan visits class bodies and the blocks nested in
+    # them, not every line: a method's or a function's local is no default.
+    package = tmp_path / "algo"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "config.py").write_text(CONFIG_PACKAGE)
+    project = Project([tmp_path])
+
+    def defaults(key: str) -> list[tuple[object, str]]:
+        found = project.config_defaults(package / "__init__.py", key)
+        return [(d.value, d.source) for d in found]
+
+    assert defaults("kl_estimator") == [("k3", "field default in algo/config.py:17")]
+    assert defaults("kl_coef") == [(0.05, "field default in algo/config.py:18")]
+    assert defaults("loss_type") == []
+    assert defaults("clip_ratio") == [(0.2, "field default in algo/config.py:25")]
+    assert defaults("use_kl_loss") == [(True, "field default in algo/config.py:28")]
+    assert defaults("entropy_coeff") == [(0.0, "field default in algo/config.py:32")]
+    assert defaults("loss_agg_mode") == [("token-mean", "field default in algo/config.py:41")]
