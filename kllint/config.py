@@ -244,15 +244,17 @@ def find_config(start: Path, cache: dict[Any, Any] | None = None) -> Path | None
     cache = {} if cache is None else cache  # every file of a tree asks; siblings share answers
     visited = []
     found: Path | None = None
-    for directory in (first, *first.parents):
+    directory = first
+    while True:  # up from ``first``, building no more parents than the answer needs
         key = ("directory", directory)
         if key in cache:
             found = cache[key]
             break
         visited.append(key)
         found = _config_in(directory)
-        if found is not None:
+        if found is not None or directory.parent == directory:
             break
+        directory = directory.parent
     for key in visited:
         cache[key] = found
     return found
