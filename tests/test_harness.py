@@ -116,6 +116,19 @@ def test_sequence_level_atoms_are_the_masked_sum_over_time() -> None:
     assert verdicts(c) == ("wrong-direction",) * 3
 
 
+def test_chunk_totals_accumulated_over_time_are_the_total() -> None:
+    # ``for start in range(0, T, chunk): kl_loss = kl_loss + (kl_chunk * m).sum()``
+    # is read as a scan over time of each chunk's total; together the chunks'
+    # totals are the one total, whose k1 has zero expected gradient.
+    accumulated = ir.CumSum(ir.Reduce("sum", ir.Axis.ALL, mul(log_ratio, mask)), reverse=False)
+    c = confirm_site(accumulated)
+    assert verdicts(c) == ("zero-gradient",) * 3
+    discounted = ir.CumSum(
+        ir.Reduce("sum", ir.Axis.ALL, mul(log_ratio, mask)), reverse=False, discount=ir.Const(0.9)
+    )
+    assert confirm_site(discounted).verdict == "unconfirmed"
+
+
 def test_k2_per_token_is_correct_for_one_action_and_partial_for_sequences() -> None:
     c = confirm_site(masked_sum(k2))
     assert verdicts(c) == ("correct", "partial", "partial")
@@ -287,6 +300,35 @@ def test_an_unreadable_factor_of_the_whole_term_is_a_scale_and_said_so() -> None
     c = confirm_site(ir.Binary("div", masked_sum(k3), ir.Opaque("self.gradient_accumulation")))
     assert c.verdict == "partial-wrong-direction"
     assert "`self.gradient_accumulation`, unknown to kllint, scale the whole term" in c.summary()
+
+
+CHUNKED_K1 = """\
+def compute_loss(logps, init_logps, response_mask, chunk):
+    kl_loss = logps.new_zeros(())
+    for start in range(0, logps.shape[-1], chunk):
+        lp = logps[:, start : start + chunk]
+        m = response_mask[:, start : start + chunk]
+        kl_chunk = lp - init_logps[:, start : start + chunk]
+        kl_loss = kl_loss + (kl_chunk * m).sum()
+    return kl_loss / response_mask.sum()
+"""
+
+
+def test_a_k1_accumulated_chunk_by_chunk_is_found_at_the_estimate_and_confirmed() -> None:
+    # A slice of the mask under a short name (``m``) is still the mask.
+    from pathlib import Path
+
+    from kllint.analysis.project import Project
+    from kllint.analysis.roles import RolePatterns
+    from kllint.driver import check_source
+
+    (finding,) = check_source(CHUNKED_K1, "loss.py", Project([Path(".")]), RolePatterns())
+    assert (finding.code, finding.line) == ("KL001", 6)
+    confirm_findings([finding])
+    assert finding.confirmation is not None
+    assert finding.confirmation["summary"].startswith("confirmed: E[grad] = 0"), (
+        finding.confirmation
+    )
 
 
 def test_an_unreadable_mask_is_recognised_by_how_it_normalises() -> None:

@@ -354,7 +354,7 @@ def resolve(
     if role is None:
         if keep_unknown:
             return unknown
-        weight = weight_role(unknown.names[-1] if unknown.names else unknown.text)
+        weight = _weight_of(unknown)
         if (
             weight is Role.ADVANTAGE
             and unknown.call
@@ -373,6 +373,28 @@ def resolve(
     if unknown.stored or unknown.detached or no_grad:
         atom = ir.detach(atom)
     return atom
+
+
+def _weight_of(unknown: Unknown) -> Role | None:
+    """A mask, advantage or coefficient by the name it goes by; a plain alias
+    (``m = response_mask[:, start:end]``) keeps the role of what it names.
+    A call's result is named by its last name only: ``n = count_masked(...)``
+    is not a mask."""
+    if not unknown.names:
+        return weight_role(unknown.text)
+    last = weight_role(unknown.names[-1])
+    if last is not None or unknown.call:
+        return last
+    for name in reversed(unknown.names[:-1]):
+        if name in _TENSOR_METADATA:
+            return None  # ``T = mask.shape[1]`` is a length, not a mask
+        earlier = weight_role(name)
+        if earlier is not None:
+            return earlier
+    return None
+
+
+_TENSOR_METADATA = frozenset({"shape", "size", "dtype", "device", "ndim", "is_cuda", "layout"})
 
 
 def _logprob_evidence(
@@ -494,9 +516,7 @@ def reference_renamed(name: str, value: Value, patterns: RolePatterns) -> ir.Nod
     probability = any(
         isinstance(n, ir.Unary) and n.op == "exp" and n.arg is atom for n in value.walk()
     )
-    named = patterns.logprob_role(name) or (
-        patterns.role_from_words(name) if probability else None
-    )
+    named = patterns.logprob_role(name) or (patterns.role_from_words(name) if probability else None)
     if named is not Role.REFERENCE_LOGP:
         return None
     return ir.substitute(value, {id(atom): replace(atom, name=name)})

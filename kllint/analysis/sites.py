@@ -270,6 +270,11 @@ def focus_of(term: ir.Node) -> ir.Node:
         if isinstance(node, ir.Binary) and node.op == "add" and node.origin is None:
             # A sum regrouped by ``_split``: follow its first KL piece.
             node = node.left if _has_reference(node.left) else node.right
+        elif isinstance(node, ir.Binary) and node.op == "add" and _zero(node.left):
+            # An accumulator's first value (``kl_loss = zeros(())``, then
+            # ``kl_loss = kl_loss + chunk_kl.sum()`` in a loop): the term is
+            # what is accumulated, written where each chunk's estimate is.
+            node = node.right
         elif (
             isinstance(node, (ir.Reduce, ir.CumSum))
             or (isinstance(node, ir.Unary) and node.op in ("neg", "detach"))
@@ -292,6 +297,10 @@ def focus_of(term: ir.Node) -> ir.Node:
             node = node.left if _has_reference(node.left) else node.right
         else:
             return node
+
+
+def _zero(node: ir.Node) -> bool:
+    return isinstance(node, ir.Const) and node.value == 0
 
 
 def _has_ratio_factor(term: ir.Node, focus: ir.Node) -> bool:

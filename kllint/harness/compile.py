@@ -424,9 +424,15 @@ def _evaluate_node(node: ir.Node, b: _Bindings) -> _Value:
 
 def _scan(node: ir.CumSum, b: _Bindings) -> _Value:
     x = _evaluate(node.arg, b)
-    if not x.per_token:
-        raise Unsupported("a cumulative sum over time of a per-sequence value")
     discount_node = _discount(node)
+    if not x.per_token:
+        if discount_node is None:
+            # A loop over chunks of time adding each chunk's total
+            # (``kl_loss = kl_loss + (kl_chunk * m).sum()``): a chunk is
+            # modelled as the whole sequence, so the chunks' totals together
+            # are that one total.
+            return x
+        raise Unsupported("a discounted cumulative sum over time of a per-sequence value")
     if discount_node is None:
         if node.reverse:
             # G_t = sum_{s >= t} x_s, the reward-to-go
