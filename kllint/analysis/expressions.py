@@ -664,16 +664,21 @@ def compare(operator: cst.BaseCompOp, left: Value, right: Value) -> bool | None:
             return bool(lv in rv)  # type: ignore[operator]
         if isinstance(operator, cst.NotIn):
             return bool(lv not in rv)  # type: ignore[operator]
-        # ``kl_type is KLType.K1``: Enum members stand for their values, and
-        # one value is one member.
-        if isinstance(operator, cst.Is):
-            if isinstance(rv, str) and isinstance(lv, str):
-                return lv == rv
-            return lv is rv if rv is None or isinstance(rv, bool) else None
-        if isinstance(operator, cst.IsNot):
-            if isinstance(rv, str) and isinstance(lv, str):
-                return lv != rv
-            return lv is not rv if rv is None or isinstance(rv, bool) else None
+        # ``kl_type is KLType.K1``: Enum members stand for their values (a
+        # string, or a number for an ``IntEnum``), and one value is one member.
+        if isinstance(operator, (cst.Is, cst.IsNot)):
+            same: bool | None = None
+            if (
+                _member_value(lv)
+                and _member_value(rv)
+                and isinstance(lv, str) == isinstance(rv, str)
+            ):
+                same = lv == rv
+            elif rv is None or isinstance(rv, bool):
+                same = lv is rv
+            if same is None:
+                return None
+            return same if isinstance(operator, cst.Is) else not same
         if isinstance(operator, cst.GreaterThan):
             return bool(lv > rv)  # type: ignore[operator]
         if isinstance(operator, cst.LessThan):
@@ -685,6 +690,10 @@ def compare(operator: cst.BaseCompOp, left: Value, right: Value) -> bool | None:
     except TypeError:
         return None
     return None
+
+
+def _member_value(value: object) -> bool:
+    return isinstance(value, (str, int, float)) and not isinstance(value, bool)
 
 
 _HUGE = 1e100

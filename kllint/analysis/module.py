@@ -31,6 +31,13 @@ class ClassField:
     literal: str | int | None
     # ``field(default=...)`` / ``dataclasses.field(default=...)``: that literal.
     field_default: str | int | None
+    # ``kl_estimator: KLEstimator = KLEstimator.LOW_VAR``: the Enum member
+    # (class, member) the default names, read where that class is.
+    member: tuple[str, str] | None = None
+    # ``kl_loss_type: Literal[0, 1, 2] = KL_LOW_VAR_IS``: the module constant named.
+    constant: str | None = None
+    # Annotated ``Literal[...]``: a choice among values, so an int is a selector.
+    choices: bool = False
 
 
 class ClassInfo:
@@ -85,16 +92,35 @@ def _ast_fields(text: str) -> list[ClassField]:
         node = tree.body[0].body[0] if text[:1] in (" ", "\t") else tree.body[0]  # type: ignore[attr-defined]
     except (SyntaxError, ValueError, RecursionError, IndexError, AttributeError):
         return []
+
+    def member(value: ast.expr | None) -> tuple[str, str] | None:
+        if (
+            isinstance(value, ast.Attribute)
+            and isinstance(value.value, ast.Name)
+            and value.value.id[:1].isupper()
+        ):
+            return value.value.id, value.attr
+        return None
+
     found = []
     for small in getattr(node, "body", []):
         if isinstance(small, ast.AnnAssign) and isinstance(small.target, ast.Name):
             value = small.value
             default = None
             if isinstance(value, ast.Call) and ast.unparse(value.func) in _FIELD_CALLS:
-                default = literal(
-                    next((k.value for k in value.keywords if k.arg == "default"), None)
+                value = next((k.value for k in value.keywords if k.arg == "default"), None)
+                default = literal(value)
+            found.append(
+                ClassField(
+                    small.target.id,
+                    True,
+                    literal(small.value),
+                    default,
+                    member(value),
+                    value.id if isinstance(value, ast.Name) and value.id.isupper() else None,
+                    ast.unparse(small.annotation).split("[")[0].endswith("Literal"),
                 )
-            found.append(ClassField(small.target.id, True, literal(value), default))
+            )
         elif (
             isinstance(small, ast.Assign)
             and len(small.targets) == 1
@@ -248,6 +274,25 @@ class ModuleInfo:
             target = small.targets[0].target
             if isinstance(target, cst.Name):
                 self.constants[target.value] = small.value
+            for name, value in _unpacked(target, small.value):
+                self.constants[name] = value
+
+
+def _unpacked(
+    target: cst.BaseAssignTargetExpression, value: cst.BaseExpression
+) -> list[tuple[str, cst.BaseExpression]]:
+    """``A, B = 0, 1``: each name with the value it is given."""
+    if not (isinstance(target, cst.Tuple) and isinstance(value, cst.Tuple)):
+        return []
+    if len(target.elements) != len(value.elements):
+        return []
+    return [
+        (t.value.value, v.value)
+        for t, v in zip(target.elements, value.elements)
+        if isinstance(t.value, cst.Name)
+        and isinstance(t, cst.Element)
+        and isinstance(v, cst.Element)
+    ]
 
 
 class _Pieces:
@@ -315,6 +360,19 @@ class _Pieces:
                 constant: Any = _Pending(self.constant(statement))
                 info.constants[statement.targets[0].id] = constant
                 info.top_level_names |= _names_in(statement)
+            elif (
+                isinstance(statement, ast.Assign)
+                and len(statement.targets) == 1
+                and isinstance(statement.targets[0], ast.Tuple)
+                and isinstance(statement.value, ast.Tuple)
+                and len(statement.targets[0].elts) == len(statement.value.elts)
+            ):
+                # ``KL_LOW_VAR, KL_MSE, KL_LOW_VAR_IS = 0, 1, 2``
+                for target in statement.targets[0].elts:
+                    if isinstance(target, ast.Name):
+                        unpacked: Any = _Pending(self.constant(statement, target.id))
+                        info.constants[target.id] = unpacked
+                info.top_level_names |= _names_in(statement)
             else:
                 info.top_level_names |= _names_in(statement)
 
@@ -340,20 +398,21 @@ class _Pieces:
 
         return parse
 
-    def constant(self, statement: ast.Assign) -> Callable[[], Any]:
-        name = statement.targets[0].id  # type: ignore[attr-defined]
+    def constant(self, statement: ast.Assign, name: str | None = None) -> Callable[[], Any]:
+        name = name or statement.targets[0].id  # type: ignore[attr-defined]
         lines, span = self.lines, self.span(statement)
 
         def parse() -> cst.BaseExpression:
             line = _parse_statement("\n".join(lines[slice(*span)]) + "\n")
             for small in getattr(line, "body", []):  # ``a = 1; b = 2`` is one line
-                if (
-                    isinstance(small, cst.Assign)
-                    and len(small.targets) == 1
-                    and isinstance(small.targets[0].target, cst.Name)
-                    and small.targets[0].target.value == name
-                ):
+                if not (isinstance(small, cst.Assign) and len(small.targets) == 1):
+                    continue
+                target = small.targets[0].target
+                if isinstance(target, cst.Name) and target.value == name:
                     return small.value
+                for unpacked, value in _unpacked(target, small.value):
+                    if unpacked == name:
+                        return value
             return cst.Name("None")  # not reached: Python's parser saw the assignment
 
         return parse

@@ -48,9 +48,18 @@ CONFIG_WORDS = frozenset(
 
 
 def is_selector_literal(expr: cst.BaseExpression) -> bool:
-    """A keyword default that picks a branch for a function analysed on its own."""
-    return isinstance(expr, (cst.SimpleString, cst.Integer)) or (
-        isinstance(expr, cst.Name) and expr.value in ("True", "False")
+    """A keyword default that picks a branch for a function analysed on its
+    own: a literal, a module constant (``cfg: dict = DEFAULT_CFG``) or an
+    Enum member (``kl_type: KLType = KLType.K1``)."""
+    if isinstance(expr, (cst.SimpleString, cst.Integer)):
+        return True
+    if isinstance(expr, cst.Name):
+        return expr.value in ("True", "False") or (expr.value.isupper() and len(expr.value) > 1)
+    return (
+        isinstance(expr, cst.Attribute)
+        and isinstance(expr.value, cst.Name)
+        and expr.value.value[:1].isupper()
+        and expr.attr.value.isupper()
     )
 
 
@@ -326,7 +335,10 @@ def typed_default(
         return None
     config_class, where = found
     literal = _field_default(config_class, attr)
-    if literal is None or (isinstance(literal, int) and not index):
+    if literal is None:
+        literal = _named_default(project, where, config_class, attr)
+    choices = any(f.name == attr and f.choices for f in config_class.fields)
+    if literal is None or (isinstance(literal, int) and not (index or choices)):
         return None
     line = where.line_of_class(config_class.name)
     return Py(literal, source=f"`{config_class.name}` ({where.path.name}:{line})")
@@ -339,6 +351,31 @@ def _field_default(cls: ClassInfo, attr: str) -> str | int | None:
             value = found.literal if found.literal is not None else found.field_default
             if value is not None:
                 return value
+    return None
+
+
+def _named_default(
+    project: Project, module: ModuleInfo, cls: ClassInfo, attr: str
+) -> str | int | None:
+    """A default given by name: an Enum member (``attr: KLEstimator =
+    KLEstimator.LOW_VAR``), which stands for its value (``"low_var_kl"``),
+    or a module constant (``= KL_LOW_VAR_IS``, with ``KL_LOW_VAR_IS = 2``)."""
+    for found in cls.fields:
+        if not (found.name == attr and found.annotated):
+            continue
+        if found.member is not None:
+            enum = project.class_named(found.member[0], module)
+            if enum is None:
+                return None
+            member = next((f for f in enum[0].fields if f.name == found.member[1]), None)
+            return member.literal if member is not None else None
+        if found.constant is not None and found.constant in module.constants:
+            value = module.constants[found.constant]
+            if isinstance(value, cst.SimpleString):
+                text = value.evaluated_value
+                return text if isinstance(text, str) else None
+            if isinstance(value, cst.Integer):
+                return int(value.value, 0)
     return None
 
 
