@@ -203,7 +203,9 @@ def _one_per_expression(verdicts: list[_Verdict]) -> list[_Verdict]:
     k3: KL002 and KL006) stay two findings."""
     groups: dict[int, list[_Verdict]] = {}
     for verdict in verdicts:
-        groups.setdefault(id(verdict.site.origin.cst_node), []).append(verdict)
+        site = verdict.site
+        expression = site.estimate_node if site.estimate_node is not None else site.origin.cst_node
+        groups.setdefault(id(expression), []).append(verdict)
     kept: list[_Verdict] = []
     for group in groups.values():
         group.sort(key=lambda v: (bool(v.site.branch), v.rule.code))

@@ -114,6 +114,9 @@ class Calls(Expressions):
                 # ``KLType(cfg.get("kl_type", "k3"))``: the member of that
                 # value, which stands for its value as ``KLType.K3`` does.
                 member = self.eval(args[0].value)
+                if isinstance(member, ir.Const):  # ``KLType(1)`` of an ``IntEnum``
+                    number = member.value
+                    return Py(int(number) if float(number).is_integer() else number)
                 if isinstance(member, (Py, Choice)):
                     return member
         if isinstance(callee, Unknown):
@@ -531,6 +534,9 @@ class Calls(Expressions):
         the log-probs per token. A ``softmax`` gives probabilities: the exp of
         the log-probs, whose policy is found the same way."""
         hints = [n for a in args[:1] for n in chain_names(_unscaled(a.value))]
+        if receiver is not None and isinstance(call.func, cst.Attribute):
+            # ``logits.logsumexp(dim=-1)``: the tensor is the receiver.
+            hints = chain_names(call.func.value) + hints
         source = receiver
         first = _unscaled(args[0].value) if args else None
         if source is None and isinstance(first, cst.Name):
@@ -543,7 +549,7 @@ class Calls(Expressions):
             # ``F.log_softmax(logits)`` in a helper given ``ref_model(ids).logits``:
             # the log-probs of the reference's logits are the reference's.
             reference_model=self._reference_args(call)
-            or (receiver is None and source is not None and source.reference_model),
+            or (source is not None and source.reference_model),
             logprob_op=True,
             distribution=name in ("log_softmax", "softmax"),
             per_token=any(s is not None and s.per_token for s in (source, argument)),

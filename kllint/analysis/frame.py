@@ -59,17 +59,27 @@ class FileContext:
     # (``batch["token_level_rewards"] = scores - beta * kl``), by the
     # container's value: what a helper writes into its argument, its caller
     # reads back.
-    written: dict[int, tuple[Value, dict[str, Value]]] = field(default_factory=dict)
+    written: dict[int, tuple[object, dict[str, Value]]] = field(default_factory=dict)
 
     def write(self, container: Value, key: str, value: Value) -> None:
-        entry = self.written.get(id(container))
-        if entry is None or entry[0] is not container:
-            entry = self.written[id(container)] = (container, {})
+        held = _held(container)
+        entry = self.written.get(id(held))
+        if entry is None or entry[0] is not held:
+            entry = self.written[id(held)] = (held, {})
         entry[1][key] = value
 
     def read(self, container: Value, key: str) -> Value | None:
-        entry = self.written.get(id(container))
-        return entry[1].get(key) if entry is not None and entry[0] is container else None
+        held = _held(container)
+        entry = self.written.get(id(held))
+        return entry[1].get(key) if entry is not None and entry[0] is held else None
+
+
+def _held(container: Value) -> object:
+    """What a write by key is kept under: the container's own value, or for
+    the rows of a sequence, that sequence."""
+    if isinstance(container, Unknown) and container.rows_of is not None:
+        return container.rows_of
+    return container
 
 
 # --------------------------------------------------------------------- frame
@@ -106,6 +116,9 @@ class Frame:
         # ``rollout_data["advantages"] = advantages``: advantages written for
         # a loss elsewhere to read back (with the path they were written on).
         self.stored_advantages: list[tuple[cst.CSTNode, str, Value]] = []
+        # ``batch["token_level_rewards"] = scores - beta * kl``: per-token
+        # rewards written for a loss elsewhere, which credits them.
+        self.stored_rewards: list[tuple[cst.CSTNode, str, Value]] = []
         self.loss_function = False
         self.function_node: cst.FunctionDef | None = None
         self.statement: cst.CSTNode | None = None

@@ -165,6 +165,8 @@ def _evaluate_uncached(
     if isinstance(node, ir.Const):
         return [Dual.const(node.value, n)], False
     if isinstance(node, ir.Atom):
+        if node.role is Role.MASK and node.level is Level.SEQUENCE:
+            return [Dual.const(1.0, n)], False  # a sample mask: the sequence counts
         values = _atom_values(node.role, point)
         if node.level is Level.SEQUENCE:
             return [_total(values)], False

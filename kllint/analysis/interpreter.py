@@ -123,6 +123,11 @@ class Interpreter(Calls):
         self.exec_block(fn.body.body if isinstance(fn.body, cst.IndentedBlock) else [fn.body])
         for node, shown, value in self.stored_advantages:
             self.advantage_sink(node, value, f"the advantages stored as `{shown}`")
+        if not self.context.calls.get(self.function_name):
+            # Called in this file, its caller reads the rewards back and is
+            # judged by the loss it computes with them.
+            for node, shown, value in self.stored_rewards:
+                self.advantage_sink(node, value, f"the rewards stored as `{shown}`", rewards=True)
         if not self.returns:
             return None
         return choice(self.returns)
@@ -301,6 +306,12 @@ class Interpreter(Calls):
             and roles.weight_role(value.names[-1]) is Role.MASK
         ):
             self.assign(target, value, node)  # each sample's loss mask is a mask
+        elif isinstance(value, Seq) and value.items and isinstance(target, (cst.Tuple, cst.List)):
+            self.assign(target, value.items[0], node)  # ``for lp, mb in outs``: one row
+        elif isinstance(value, Unknown):
+            # ``for mb in micro_batches``: a row of rows kllint does not hold,
+            # the same container in every loop over them.
+            self.assign(target, Unknown(code(iterable), ("loop",), rows_of=value), node)
         else:
             self.assign(target, Unknown(code(iterable), ("loop",)), node)
 
@@ -498,10 +509,15 @@ class Interpreter(Calls):
             if arg.star == "" and sinks.is_advantage_field(field)
         ]
 
-    def advantage_sink(self, node: cst.CSTNode, value: Value, description: str) -> None:
+    def advantage_sink(
+        self, node: cst.CSTNode, value: Value, description: str, *, rewards: bool = False
+    ) -> None:
         """Advantages that carry a KL, returned or stored to be read by the
         loss of another call tree: judged as the policy-gradient surrogate
-        ``-advantages * logp`` that loss computes with them."""
+        ``-advantages * logp`` that loss computes with them. Per-token
+        ``rewards`` stored the same way are judged as credited by their
+        reward-to-go (GAE with gamma = lambda = 1, or returns), as PPO and
+        REINFORCE++ credit them; only what holds under that credit is claimed."""
         options = _rows(value)
         if not options or any(
             sink.function_node is self.function_node for sink in self.context.sinks
@@ -520,13 +536,23 @@ class Interpreter(Calls):
             cst_node=node,
             statement=self.statement,
             function=self.root,
-            assumed="the advantages weight the policy's log-probs in a "
-            "policy-gradient loss that reads them back",
+            assumed=(
+                "the rewards are credited by their reward-to-go in a "
+                "policy-gradient loss that reads them back"
+                if rewards
+                else "the advantages weight the policy's log-probs in a "
+                "policy-gradient loss that reads them back"
+            ),
         )
-        policy = ir.Atom(Role.POLICY_LOGP, "logp (in the loss reading the advantages)")
+        read_by = "the rewards" if rewards else "the advantages"
+        policy = ir.Atom(Role.POLICY_LOGP, f"logp (in the loss reading {read_by})")
+
+        def credited(a: ir.Node) -> ir.Node:
+            return ir.CumSum(a, reverse=True, origin=origin) if rewards else a
+
         surrogate = self.lift1(
             advantages,
-            lambda a: ir.neg(ir.Binary("mul", a, policy, origin=origin), origin),
+            lambda a: ir.neg(ir.Binary("mul", credited(a), policy, origin=origin), origin),
         )
         self.add_sink(surrogate, description, True, node)
 
@@ -577,6 +603,9 @@ class Interpreter(Calls):
         stored = sinks.stored_advantages(target)
         if stored is not None and self.depth == 0:
             self.stored_advantages.append((node, stored, value))
+        rewarded = sinks.stored_rewards(target) if stored is None else None
+        if rewarded is not None and self.depth == 0:
+            self.stored_rewards.append((node, rewarded, value))
         if isinstance(target, cst.Name):
             self.assign_name(target.value, value, node)
         elif isinstance(target, (cst.Tuple, cst.List)):
@@ -591,6 +620,12 @@ class Interpreter(Calls):
         elif isinstance(target, cst.Subscript) and isinstance(target.value, cst.Name):
             container = self.env.get(target.value.value)
             key = string_key(target)
+            if key is not None and isinstance(value, Unknown):
+                # ``mb["ref_tok"] = token_logprobs(ref_model, mb)``: the key
+                # names what is stored, as a variable's name would.
+                value = self.resolve(
+                    replace(value, names=(*value.names, key)), key, keep_unknown=True
+                )
             if (
                 key is None
                 and isinstance(container, (ir.Node, Unknown))
@@ -606,8 +641,9 @@ class Interpreter(Calls):
                 self.env[target.value.value] = Unknown(
                     target.value.value, (target.value.value,), detached=self.no_grad
                 )
-            elif isinstance(container, Unknown) and self.no_grad:
-                # ``logps = torch.zeros(...)`` filled row by row under no_grad.
+            elif isinstance(container, Unknown) and self.no_grad and key is None:
+                # ``logps = torch.zeros(...)`` filled row by row under no_grad
+                # (a dict given an entry, ``batch["ref_logps"] = ...``, is not).
                 self.env[target.value.value] = replace(container, detached=True)
             if isinstance(container, Unknown) and key is not None and sinks.may_hold_kl(value):
                 self.context.write(container, key, value)

@@ -320,12 +320,18 @@ def _reduce(name: str) -> MethodLowering:
 
 def _cumsum(at: TorchCall, receiver: Value, args: Args, kwargs: Kwargs) -> Value:
     origin = at.origin
+    if isinstance(receiver, Choice) and any(isinstance(v, Flipped) for _, v in receiver.options):
+        return Choice([(label, _cumsum(at, v, args, kwargs)) for label, v in receiver.options])
     if isinstance(receiver, Flipped):
         return Flipped(ir.CumSum(receiver.node, reverse=True, origin=origin))
     return at.lift1(receiver, lambda n: ir.CumSum(n, reverse=False, origin=origin))
 
 
 def _flip(at: TorchCall, receiver: Value, args: Args, kwargs: Kwargs) -> Value:
+    if isinstance(receiver, Choice):
+        # ``rewards`` with a KL reward on one branch of a flag: each branch
+        # reversed, so that flip-cumsum-flip is still a reward-to-go.
+        return Choice([(label, _flip(at, v, args, kwargs)) for label, v in receiver.options])
     if isinstance(receiver, Flipped):
         return receiver.node
     if isinstance(receiver, ir.Node):

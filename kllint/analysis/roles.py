@@ -363,6 +363,9 @@ def resolve(
             # ``values = self.value_head(hidden)``: a prediction with its own
             # gradient (a critic), not a detached weight.
             return ir.Opaque(unknown.text)
+        if weight is Role.MASK and has_words(_last_name(unknown), SAMPLE_WORDS):
+            # ``sample_mask``: which samples count, one value per sequence.
+            return ir.Atom(weight, unknown.text, ir.Level.SEQUENCE)
         if weight is not None:
             return ir.Atom(weight, unknown.text)
         return ir.Opaque(unknown.text)
@@ -373,6 +376,13 @@ def resolve(
     if unknown.stored or unknown.detached or no_grad:
         atom = ir.detach(atom)
     return atom
+
+
+SAMPLE_WORDS = frozenset({"sample", "samples"})
+
+
+def _last_name(unknown: Unknown) -> str:
+    return unknown.names[-1] if unknown.names else unknown.text
 
 
 def _weight_of(unknown: Unknown) -> Role | None:

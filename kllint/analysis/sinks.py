@@ -142,6 +142,25 @@ def is_advantage_field(name: str) -> bool:
     return bool(set(roles.words(name)) & {"advantage", "advantages", "returns"})
 
 
+def stored_rewards(target: cst.BaseExpression) -> str | None:
+    """``batch["token_level_rewards"]``, ``data.rewards``: per-token rewards
+    written for a loss in another call tree to credit (how it is written),
+    else None."""
+    key = _stored_key(target)
+    words = set(roles.words(key)) if key is not None else set()
+    if not words & {"reward", "rewards"} or words & {"advantage", "advantages", "metrics"}:
+        return None
+    return code(target)
+
+
+def _stored_key(target: cst.BaseExpression) -> str | None:
+    if isinstance(target, cst.Subscript):
+        return string_key(target)
+    if isinstance(target, cst.Attribute):
+        return target.attr.value
+    return None
+
+
 def stored_advantages(target: cst.BaseExpression) -> str | None:
     """``rollout_data["advantages"]``, ``batch.advantages``: a place where a
     loss in another call tree reads advantages back (how it is written), else

@@ -11,7 +11,7 @@ log-prob arithmetic rather than a separate loss.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import libcst as cst
 
@@ -51,6 +51,9 @@ class KLSite:
     loss_detached: bool = False  # the whole loss is detached (``return loss.detach()``)
     function_node: cst.CSTNode | None = None  # the function whose sink it reaches
     backward: bool = False  # the loss reaches ``.backward()`` itself
+    # The plain estimate an importance-weighted one is written from (the
+    # finding is placed at the weighting): one expression, for one finding.
+    estimate_node: object = field(default=None, compare=False, repr=False)
 
     @property
     def policy_names(self) -> list[str]:
@@ -299,25 +302,53 @@ def focus_of(term: ir.Node) -> ir.Node:
             return node
 
 
+def _written_apart(term: ir.Node, weighted: ir.Binary) -> bool:
+    """Whether the weighted estimate is written as its own expression
+    (``kl = ratio * k3``), not inside the reduction that makes it a loss
+    (``(ratio * kl * mask).sum()``, where the plain estimate is the line to
+    change)."""
+    if weighted.origin is None or weighted.origin.cst_node is None:
+        return False
+    around = [
+        n for n in term.walk() if isinstance(n, ir.Reduce) and any(c is weighted for c in n.walk())
+    ]
+    reduction = around[-1] if around else None  # the innermost
+    # Here, not at the top: the rules import this module, and a fully cached
+    # run must not import LibCST (which ``syntax`` does on import).
+    from kllint.analysis.syntax import descendants
+
+    written = reduction.origin.cst_node if reduction and reduction.origin else None
+    if not isinstance(written, cst.CSTNode):
+        return True
+    target = weighted.origin.cst_node
+    return not any(n is target for n in descendants(written))
+
+
 def _zero(node: ir.Node) -> bool:
     return isinstance(node, ir.Const) and node.value == 0
 
 
 def _has_ratio_factor(term: ir.Node, focus: ir.Node) -> bool:
+    return _ratio_weighted(term, focus) is not None
+
+
+def _ratio_weighted(term: ir.Node, focus: ir.Node) -> ir.Binary | None:
+    """The product of an importance ratio and the estimate, if the term
+    weights its estimate by one (``exp(logp - old_logp) * k3``)."""
     node = term
     while node is not focus:
         if isinstance(node, ir.Binary) and node.op == "mul":
             other = node.left if _has_reference(node.right) else node.right
             if isinstance(other, ir.Unary) and other.op == "exp" and ir.depends_on_policy(other):
-                return True
+                return node
             node = node.right if _has_reference(node.right) else node.left
         elif isinstance(node, (ir.Reduce, ir.CumSum, ir.Unary)):
             node = node.arg
         elif isinstance(node, ir.Binary):
             node = node.left
         else:
-            return False
-    return False
+            return None
+    return None
 
 
 _PROFILES: dict[tuple[object, ...], GradientProfile | None] = {}
@@ -353,9 +384,18 @@ def build_site(
     if gradient_profile is None:
         return None
     focus = focus_of(term)
-    origin = focus.origin or term.origin or fallback
+    # An importance-weighted estimate differentiated as a loss is one
+    # estimator: it is written where the weight multiplies it (often a line
+    # below the plain estimate). A KL reward the PPO ratio weighs through the
+    # advantages stays where it is computed.
+    weighted = _ratio_weighted(term, focus) if ir.depends_on_policy(focus) else None
+    written = focus
+    if weighted is not None and _written_apart(term, weighted):
+        written = weighted
+    origin = written.origin or term.origin or fallback
     if origin.reported_by_helper:
         return None
+    estimate = focus.origin or term.origin or fallback
     return KLSite(
         term=term,
         focus=focus,
@@ -365,6 +405,7 @@ def build_site(
         profile=gradient_profile,
         estimator=origin.estimate or estimator_name(focus),
         branch=branch,
+        estimate_node=estimate.cst_node,
     )
 
 

@@ -102,7 +102,8 @@ def claim_for(code: str, term: ir.Node) -> Claim | None:
         for regime in REGIMES:
             verdicts[regime] = verdicts[regime] | {NEGATED}
         statement += " (with the sign the loss gives it)"
-    if length_normalised(term):
+    if length_normalised(term) and ir.depends_on_policy(term):
+        # (A term without gradient stays without it, however it is scaled.)
         for regime in VARIABLE:
             verdicts[regime] = frozenset({BIASED})
         statement += "; biased on variable lengths (each sequence divided by its own length)"

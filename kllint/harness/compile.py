@@ -462,6 +462,8 @@ def _atom(atom: ir.Atom, b: _Bindings) -> _Value:
         x = b.old_logp
     elif atom.role is Role.MASK:
         x = b.batches.mask
+        if atom.level is Level.SEQUENCE:  # a sample mask: every sequence counts
+            return _Value(torch.ones_like(x[..., :1]), per_token=False, batch=False)
     elif atom.role is Role.COEFFICIENT:
         value = b.coefficients.get(atom.name, 1.0)
         return _Value(torch.tensor(value, dtype=DTYPE), per_token=False, batch=True)
