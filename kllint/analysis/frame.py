@@ -75,10 +75,10 @@ class FileContext:
 
 
 def _held(container: Value) -> object:
-    """What a write by key is kept under: the container's own value, or for
-    the rows of a sequence, that sequence."""
-    if isinstance(container, Unknown) and container.rows_of is not None:
-        return container.rows_of
+    """What a write by key is kept under: the container's own value, or the
+    one it is another name for."""
+    if isinstance(container, Unknown) and container.same_as is not None:
+        return container.same_as
     return container
 
 

@@ -311,7 +311,7 @@ class Interpreter(Calls):
         elif isinstance(value, Unknown):
             # ``for mb in micro_batches``: a row of rows kllint does not hold,
             # the same container in every loop over them.
-            self.assign(target, Unknown(code(iterable), ("loop",), rows_of=value), node)
+            self.assign(target, Unknown(code(iterable), ("loop",), same_as=value), node)
         else:
             self.assign(target, Unknown(code(iterable), ("loop",)), node)
 
@@ -448,9 +448,26 @@ class Interpreter(Calls):
             if self.depth == 0 and isinstance(small.value, cst.Call):
                 for shown, field_value in self.record_advantages(small.value):
                     self.advantage_sink(small, field_value, f"the advantages stored as `{shown}`")
+            if self.depth == 0 and isinstance(value, DictVal):
+                # ``return {"advantages": advantages, ...}``: an experience
+                # record as a dict, read back by the loss.
+                for key, item in value.items.items():
+                    if set(roles.words(key)) & {"advantage", "advantages"}:
+                        self.advantage_sink(small, item, f"the advantages returned as `{key}`")
             return True
         elif isinstance(small, cst.Raise):
             return True
+        elif isinstance(small, cst.ImportFrom) and not isinstance(small.names, cst.ImportStar):
+            # ``from .pipeline import compute_rewards`` inside a function (to
+            # avoid an import cycle): the name is the project's, as at top level.
+            module = dotted_name(small.module) if small.module is not None else ""
+            for alias in small.names:
+                name = dotted_name(alias.name) or ""
+                local = name
+                if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
+                    local = alias.asname.name.value
+                full = "." * len(small.relative) + ".".join(p for p in (module, name) if p)
+                self.env[local] = Unknown(local, (local,), module=full)
         return False
 
     def loss_sink_from_return(self, node: cst.Return, value: Value) -> None:
@@ -664,8 +681,9 @@ class Interpreter(Calls):
             # ``ref_tok = token_probs(ref_model, ...)``: the caller's name.
             value = roles.reference_renamed(name, value, patterns) or value
         if isinstance(value, Unknown):
-            # The variable's own name is evidence too (``mask``, ``beta``).
-            value = replace(value, names=(*value.names, name))
+            # The variable's own name is evidence too (``mask``, ``beta``); as
+            # a container it is the value it names.
+            value = replace(value, names=(*value.names, name), same_as=value.same_as or value)
             value = self.resolve(value, name, keep_unknown=True)
         elif isinstance(value, Choice):
             value = Choice(

@@ -654,7 +654,13 @@ def _constant(value: float) -> FunctionLowering:
 
 
 def _tensor(at: TorchCall, args: Args, kwargs: Kwargs) -> Value | None:
-    return args[0] if args and isinstance(args[0], ir.Const) else None
+    """``torch.tensor(data)``: a new tensor without a graph (a rollout
+    engine's log-probs as floats, a copy of a tensor)."""
+    if args and isinstance(args[0], ir.Const):
+        return args[0]
+    if args and isinstance(args[0], ir.Node):
+        return ir.detach(args[0], at.origin)
+    return Unknown("torch.tensor(...)", ("tensor",), call=True, detached=True)
 
 
 def _einsum(at: TorchCall, args: Args, kwargs: Kwargs) -> Value | None:

@@ -30,6 +30,7 @@ OLD_WORDS = frozenset(
         "rollout",
         "sampling",
         "sampled",
+        "sampler",
         "vllm",
         "prev",
         "previous",

@@ -379,6 +379,7 @@ def resolve(
 
 
 SAMPLE_WORDS = frozenset({"sample", "samples"})
+_CONTROLLER_WORDS = frozenset({"kl", "ctl", "ctrl", "controller", "coef", "beta"})
 
 
 def _last_name(unknown: Unknown) -> str:
@@ -392,6 +393,12 @@ def _weight_of(unknown: Unknown) -> Role | None:
     is not a mask."""
     if not unknown.names:
         return weight_role(unknown.text)
+    if (
+        len(unknown.names) >= 2
+        and unknown.names[-1] == "value"
+        and has_words(unknown.names[-2], _CONTROLLER_WORDS)
+    ):
+        return Role.COEFFICIENT  # ``self.kl_ctl.value``: an adaptive KL coefficient
     last = weight_role(unknown.names[-1])
     if last is not None or unknown.call:
         return last

@@ -90,10 +90,11 @@ class Unknown:
     class_name: str | None = None  # a class of this module (an Enum, a constants class)
     # Cut along time (``logits[:, start:end]``): per token of a sequence.
     per_token: bool = False
-    # The rows of a sequence kllint does not hold (``for mb in micro_batches``)
-    # are one container however they are renamed: what is written into one
-    # by key (``mb["ref_tok"] = ...``) is read back from the others.
-    rows_of: object | None = field(default=None, compare=False, repr=False)
+    # The container this one is another name for: a variable assigned from
+    # it (``data = apply_kl_penalty(data, ...)``), or the rows of a sequence
+    # kllint does not hold (``for mb in micro_batches``). What is written into
+    # one by key (``mb["ref_tok"] = ...``) is read back from the others.
+    same_as: object | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass
