@@ -244,12 +244,7 @@ class Expressions(Frame):
         if name in self.module.classes:
             return Unknown(name, (name,), module=None, class_name=name)
         if name in self.module.imports:
-            imported = self.module.imports[name]
-            # Leading dots keep a relative import relative: ``from ..core import f``
-            # is "..core.f", resolved from this module's package.
-            dotted = ".".join(p for p in (imported.module, imported.name) if p)
-            full = "." * imported.level + dotted
-            return Unknown(name, (name,), module=full)
+            return Unknown(name, (name,), module=self.module.imports[name].dotted)
         if name in self.module.constants:
             constant = self.module.constants[name]
             if isinstance(constant, (cst.Dict, cst.Lambda)):

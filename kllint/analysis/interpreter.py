@@ -42,7 +42,7 @@ from kllint.analysis.calls import Calls
 from kllint.analysis.expressions import BINOPS, compare, split_tensor
 from kllint.analysis.frame import MAX_DEPTH, FileContext
 from kllint.analysis.ir import Role
-from kllint.analysis.module import ClassInfo, ModuleInfo, dotted_name
+from kllint.analysis.module import ClassInfo, ModuleInfo, dotted_name, names_imported
 from kllint.analysis.sinks import Sink
 from kllint.analysis.syntax import code, full_code, string_key
 from kllint.analysis.values import (
@@ -452,22 +452,16 @@ class Interpreter(Calls):
                 # ``return {"advantages": advantages, ...}``: an experience
                 # record as a dict, read back by the loss.
                 for key, item in value.items.items():
-                    if set(roles.words(key)) & {"advantage", "advantages"}:
+                    if sinks.is_advantage_key(key):
                         self.advantage_sink(small, item, f"the advantages returned as `{key}`")
             return True
         elif isinstance(small, cst.Raise):
             return True
-        elif isinstance(small, cst.ImportFrom) and not isinstance(small.names, cst.ImportStar):
+        elif isinstance(small, cst.ImportFrom):
             # ``from .pipeline import compute_rewards`` inside a function (to
             # avoid an import cycle): the name is the project's, as at top level.
-            module = dotted_name(small.module) if small.module is not None else ""
-            for alias in small.names:
-                name = dotted_name(alias.name) or ""
-                local = name
-                if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
-                    local = alias.asname.name.value
-                full = "." * len(small.relative) + ".".join(p for p in (module, name) if p)
-                self.env[local] = Unknown(local, (local,), module=full)
+            for local, imported in names_imported(small):
+                self.env[local] = Unknown(local, (local,), module=imported.dotted)
         return False
 
     def loss_sink_from_return(self, node: cst.Return, value: Value) -> None:

@@ -19,6 +19,27 @@ class ImportedName:
     name: str | None  # the attribute imported from it, None for ``import module``
     level: int = 0  # leading dots of a relative import
 
+    @property
+    def dotted(self) -> str:
+        """``..core.f`` for ``from ..core import f``: relative stays relative,
+        resolved from the importing module's package."""
+        return "." * self.level + ".".join(p for p in (self.module, self.name) if p)
+
+
+def names_imported(small: cst.ImportFrom) -> list[tuple[str, ImportedName]]:
+    """``from .core import f as g``: each local name with what it names."""
+    if isinstance(small.names, cst.ImportStar):
+        return []
+    module = dotted_name(small.module) if small.module is not None else ""
+    found = []
+    for alias in small.names:
+        name = dotted_name(alias.name) or ""
+        local = name
+        if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
+            local = alias.asname.name.value
+        found.append((local, ImportedName(module or "", name, len(small.relative))))
+    return found
+
 
 @dataclass(frozen=True)
 class ClassField:
@@ -261,15 +282,8 @@ class ModuleInfo:
                 else:
                     head = dotted.split(".")[0]
                     self.imports[head] = ImportedName(head, None)
-        elif isinstance(small, cst.ImportFrom) and not isinstance(small.names, cst.ImportStar):
-            module = dotted_name(small.module) if small.module is not None else ""
-            level = len(small.relative)
-            for alias in small.names:
-                name = dotted_name(alias.name) or ""
-                local = name
-                if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
-                    local = alias.asname.name.value
-                self.imports[local] = ImportedName(module or "", name, level)
+        elif isinstance(small, cst.ImportFrom):
+            self.imports.update(names_imported(small))
         elif isinstance(small, cst.Assign) and len(small.targets) == 1:
             target = small.targets[0].target
             if isinstance(target, cst.Name):

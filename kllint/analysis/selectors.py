@@ -124,11 +124,22 @@ def default_note(subject: cst.BaseExpression, default: Py) -> str:
 def class_constant(module: ModuleInfo, class_name: str, attr: str) -> Py | None:
     """``KLEstimator.K3``: an Enum member or class constant stands for its value."""
     info = module.classes.get(class_name)
-    if info is None:
-        return None
-    for found in info.fields:
-        if found.name == attr and found.literal is not None:
-            return Py(found.literal)
+    value = _class_literal(info, attr) if info is not None else None
+    return Py(value) if value is not None else None
+
+
+def _class_literal(cls: ClassInfo, attr: str) -> str | int | None:
+    """The literal a class body gives ``attr`` (an Enum member's value)."""
+    return next((f.literal for f in cls.fields if f.name == attr and f.literal is not None), None)
+
+
+def _literal_node(node: cst.BaseExpression | None, *, ints: bool = True) -> str | int | None:
+    """A string (or integer) literal's value, else None."""
+    if isinstance(node, cst.SimpleString):
+        text = node.evaluated_value
+        return text if isinstance(text, str) else None
+    if ints and isinstance(node, cst.Integer):
+        return int(node.value, 0)
     return None
 
 
@@ -217,11 +228,7 @@ def init_default(
         ),
         None,
     )
-    literal: object = None
-    if isinstance(default, cst.SimpleString):
-        literal = default.evaluated_value
-    elif index and isinstance(default, cst.Integer):
-        literal = int(default.value, 0)
+    literal = _literal_node(default, ints=index)
     if (
         isinstance(literal, (str, int))
         and assigned_once(module, cls, attr)
@@ -365,17 +372,9 @@ def _named_default(
             continue
         if found.member is not None:
             enum = project.class_named(found.member[0], module)
-            if enum is None:
-                return None
-            member = next((f for f in enum[0].fields if f.name == found.member[1]), None)
-            return member.literal if member is not None else None
+            return _class_literal(enum[0], found.member[1]) if enum is not None else None
         if found.constant is not None and found.constant in module.constants:
-            value = module.constants[found.constant]
-            if isinstance(value, cst.SimpleString):
-                text = value.evaluated_value
-                return text if isinstance(text, str) else None
-            if isinstance(value, cst.Integer):
-                return int(value.value, 0)
+            return _literal_node(module.constants[found.constant])
     return None
 
 

@@ -142,13 +142,28 @@ def is_advantage_field(name: str) -> bool:
     return bool(set(roles.words(name)) & {"advantage", "advantages", "returns"})
 
 
+def is_advantage_key(name: str) -> bool:
+    """A key or field that holds advantages (``"advantages"``, ``token_advantages``)."""
+    return bool(set(roles.words(name)) & {"advantage", "advantages"})
+
+
+def stored_advantages(target: cst.BaseExpression) -> str | None:
+    """``rollout_data["advantages"]``, ``batch.advantages``: a place where a
+    loss in another call tree reads advantages back (how it is written), else
+    None."""
+    key = _stored_key(target)
+    return code(target) if key is not None and is_advantage_key(key) else None
+
+
 def stored_rewards(target: cst.BaseExpression) -> str | None:
     """``batch["token_level_rewards"]``, ``data.rewards``: per-token rewards
     written for a loss in another call tree to credit (how it is written),
     else None."""
     key = _stored_key(target)
-    words = set(roles.words(key)) if key is not None else set()
-    if not words & {"reward", "rewards"} or words & {"advantage", "advantages", "metrics"}:
+    if key is None or is_advantage_key(key):
+        return None
+    words = set(roles.words(key))
+    if not words & {"reward", "rewards"} or "metrics" in words:
         return None
     return code(target)
 
@@ -159,21 +174,6 @@ def _stored_key(target: cst.BaseExpression) -> str | None:
     if isinstance(target, cst.Attribute):
         return target.attr.value
     return None
-
-
-def stored_advantages(target: cst.BaseExpression) -> str | None:
-    """``rollout_data["advantages"]``, ``batch.advantages``: a place where a
-    loss in another call tree reads advantages back (how it is written), else
-    None."""
-    if isinstance(target, cst.Subscript):
-        key = string_key(target)
-    elif isinstance(target, cst.Attribute):
-        key = target.attr.value
-    else:
-        return None
-    if key is None or not set(roles.words(key)) & {"advantage", "advantages"}:
-        return None
-    return code(target)
 
 
 def returned_losses(
