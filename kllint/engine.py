@@ -249,7 +249,8 @@ def _add(result: LintResult, source: _Source, outcome: _Outcome) -> list[Suppres
     warnings: list[FileError] = []
     comments = outcome.comments
     if comments is None:
-        comments = parse_comments(source.text) if might_suppress(source.text) else []
+        suppressing = might_suppress(source.text, bool(outcome.findings))
+        comments = parse_comments(source.text) if suppressing else []
     if comments:
         warnings = stale_suppressions(comments, findings, enabled, source.shown)
         suppressions = suppression_table(comments)

@@ -68,10 +68,32 @@ def parse_comments(source: str) -> list[SuppressionComment]:
     return comments
 
 
-def might_suppress(source: str) -> bool:
-    """A cheap test before tokenizing: most files have no suppression comment."""
+def might_suppress(source: str, findings: bool = True) -> bool:
+    """A cheap test before tokenizing: most files have no suppression comment.
+    ``findings``: whether the file has any. Without findings a comment
+    matters only if it can be stale: a ``kllint:`` comment, or a ``noqa``
+    naming a ``KL`` code or a rule (large model code has thousands of
+    ``# noqa: E501``, and tokenizing it was a second of a run)."""
     lowered = source.lower()
-    return "noqa" in lowered or "kllint:" in lowered
+    if "kllint:" in lowered:
+        return True
+    if "noqa" not in lowered:
+        return False
+    if findings:
+        return True
+    return any(
+        _names_a_rule(match.group("codes"))
+        for match in _NOQA.finditer(source)
+        if match.group("codes")
+    )
+
+
+def _names_a_rule(codes: str) -> bool:
+    names = re.findall(r"[\w-]+", codes.upper())
+    return any(re.fullmatch(r"KL\d+", n) or n in _RULE_NAMES for n in names)
+
+
+_RULE_NAMES = frozenset(r.name.upper() for r in RULES.values())
 
 
 def parse_suppressions(source: str) -> dict[int, frozenset[str] | None]:

@@ -10,6 +10,7 @@ from fake_analysis import finding, flag_markers
 from kllint.engine import lint_paths
 from kllint.suppression import (
     is_suppressed,
+    might_suppress,
     parse_comments,
     parse_suppressions,
     stale_suppressions,
@@ -123,6 +124,16 @@ def test_other_tools_codes_and_rules_not_enabled_are_left_alone() -> None:
     assert stale("import os  # noqa: F401\nx = 1  # noqa\n") == []
     # --select KL001: KL002 might report here on a full run; the comment is not stale.
     assert stale("kl = 0.5 * log_ratio**2  # noqa: KL002\n", enabled=("KL001",)) == []
+
+
+def test_without_findings_only_comments_that_can_be_stale_are_read() -> None:
+    # Model code is full of other tools' noqa; in a file with nothing to
+    # report, only a comment naming a kllint rule can give a warning.
+    assert not might_suppress("import os  # noqa: F401\nx = 1  # noqa\n", findings=False)
+    assert might_suppress("import os  # noqa: F401\nx = 1  # noqa\n", findings=True)
+    assert might_suppress("x = 1  # noqa: E501, KL002\n", findings=False)
+    assert might_suppress("x = 1  # noqa: differentiated-k3-estimate\n", findings=False)
+    assert might_suppress("x = 1  # kllint: ignore\n", findings=False)
 
 
 def test_stale_comments_reach_the_run_as_warnings(tmp_path: Path) -> None:

@@ -107,10 +107,14 @@ class Node:
             yield node
             stack.extend(reversed(node.children()))
 
-    def atoms(self) -> Iterator[Atom]:
-        for node in self.walk():
-            if isinstance(node, Atom):
-                yield node
+    def atoms(self) -> tuple[Atom, ...]:
+        """The atoms below, each once. Kept on the node (a node never
+        changes): the analysis asks a term for its roles many times."""
+        known: tuple[Atom, ...] | None = self.__dict__.get("_atoms")
+        if known is None:
+            known = tuple(node for node in self.walk() if isinstance(node, Atom))
+            object.__setattr__(self, "_atoms", known)
+        return known
 
     def has_role(self, role: Role) -> bool:
         return any(atom.role is role for atom in self.atoms())

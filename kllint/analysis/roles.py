@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from typing import Any
 
 import libcst as cst
@@ -171,6 +172,7 @@ def words(name: str) -> list[str]:
 _WORDS: dict[str, list[str]] = {}
 
 
+@lru_cache(maxsize=1 << 16)  # the same names, asked again and again
 def is_logprob_name(name: str) -> bool:
     ws = words(name)
     if any(w in LOGPROB_WORDS for w in ws):
@@ -178,12 +180,14 @@ def is_logprob_name(name: str) -> bool:
     return any(w == "log" and nxt in AFTER_LOG_WORDS for w, nxt in zip(ws, ws[1:]))
 
 
+@lru_cache(maxsize=1 << 16)
 def is_prob_name(name: str) -> bool:
     """Probabilities (``pi``, ``ref_probs``): used as ``log(pi / pi_ref)``."""
     ws = words(name)
     return "log" not in ws and any(w in PROB_WORDS for w in ws)
 
 
+@lru_cache(maxsize=1 << 16)
 def has_words(name: str, vocabulary: frozenset[str]) -> bool:
     return any(w in vocabulary for w in words(name))
 
@@ -240,6 +244,8 @@ class RolePatterns:
                 return role
         return None
 
+    # Cached on the patterns, which live as long as the run.
+    @lru_cache(maxsize=1 << 16)  # noqa: B019
     def logprob_role(self, name: str) -> Role | None:
         """The role of a log-prob named ``name``, or None if it is not a log-prob."""
         configured = self._configured(name)
@@ -249,6 +255,8 @@ class RolePatterns:
             return None
         return self.role_from_words(name) or Role.POLICY_LOGP
 
+    # Cached on the patterns, which live as long as the run.
+    @lru_cache(maxsize=1 << 16)  # noqa: B019
     def role_from_words(self, name: str) -> Role | None:
         """Reference or behaviour evidence in a name, else None."""
         configured = self._configured(name)

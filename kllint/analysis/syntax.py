@@ -22,6 +22,8 @@ def code(node: cst.CSTNode) -> str:
         dotted = dotted_name(node)
         if dotted is not None:
             return dotted
+    if isinstance(node, cst.Attribute):
+        return f"{code(node.value)}.{node.attr.value}"  # ``model(ids).logits``
     if isinstance(node, cst.Call):
         return f"{code(node.func)}(...)"
     if isinstance(node, cst.Subscript):
