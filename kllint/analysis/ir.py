@@ -283,6 +283,13 @@ def detached_as_a_whole(x: Node) -> bool:
             if is_detached(x.left):
                 return True
             x = x.left
+        elif isinstance(x, Binary) and x.op in ("add", "sub"):
+            # ``total = total + loss.detach()`` from ``torch.zeros(())``: a
+            # running total kept for logging.
+            sides = (x.left, x.right)
+            return any(detached_as_a_whole(s) for s in sides) and all(
+                detached_as_a_whole(s) or not s.atoms() for s in sides
+            )
         else:
             return is_detached(x)
 
