@@ -425,6 +425,10 @@ class Calls(Expressions):
         kwargs: dict[str, cst.BaseExpression],
     ) -> Value:
         """``torch.name(...)``, ``F.name(...)``: the torch vocabulary's lowering."""
+        if name == "cat" and args:
+            rejoined = _rejoined(self.eval(args[0].value))
+            if rejoined is not None:
+                return rejoined
         if name in lowering.OPAQUE_FUNCTIONS:
             return ir.Opaque(f"torch.{name}")
         arg_values = [self.eval(a.value) for a in args]
@@ -537,7 +541,7 @@ class Calls(Expressions):
         if receiver is not None and isinstance(call.func, cst.Attribute):
             # ``logits.logsumexp(dim=-1)``: the tensor is the receiver.
             hints = chain_names(call.func.value) + hints
-        source = receiver
+        source = receiver or argument
         first = _unscaled(args[0].value) if args else None
         if source is None and isinstance(first, cst.Name):
             named = self.env.get(first.value)
@@ -573,7 +577,8 @@ class Calls(Expressions):
                 code(call),
                 (*receiver.names, method),
                 call=True,
-                reference_model=self.context.role_patterns.is_reference_model(receiver.names),
+                reference_model=receiver.reference_model
+                or self.context.role_patterns.is_reference_model(receiver.names),
                 logprob_op=True,
                 stored=False,
             )
@@ -612,7 +617,9 @@ class Calls(Expressions):
             code(call),
             (*receiver.names, method),
             call=True,
-            reference_model=self._reference_args(call)
+            # ``logits.float()`` in a helper given the teacher's logits: still the teacher's.
+            reference_model=receiver.reference_model
+            or self._reference_args(call)
             or self.context.role_patterns.is_reference_model(receiver.names),
         )
 
@@ -687,3 +694,22 @@ def _unscaled(expr: cst.BaseExpression) -> cst.BaseExpression:
     ):
         expr = expr.left
     return expr
+
+
+def _rejoined(pieces: Value) -> Value | None:
+    """``torch.cat([log_softmax(c) for c in logits.split(k, dim=1)], dim=1)``:
+    the chunks of one tensor, each computed alike, joined back: what one chunk
+    is, the whole is. Pieces that differ (``cat([chosen, rejected])``) stay
+    opaque."""
+    if not isinstance(pieces, Seq) or not pieces.items:
+        return None
+    first = pieces.items[0]
+    if not isinstance(first, (Unknown, ir.Node)):
+        return None
+    for piece in pieces.items[1:]:
+        if isinstance(first, Unknown):
+            if piece != first:
+                return None
+        elif not isinstance(piece, ir.Node) or ir.structure(piece) != ir.structure(first):
+            return None
+    return first

@@ -308,6 +308,10 @@ class Interpreter(Calls):
             self.assign(target, value, node)  # each sample's loss mask is a mask
         elif isinstance(value, Seq) and value.items and isinstance(target, (cst.Tuple, cst.List)):
             self.assign(target, value.items[0], node)  # ``for lp, mb in outs``: one row
+        elif isinstance(value, Unknown) and pieces is not None:
+            # ``for c in logits.split(k, dim=1)``: a piece of a tensor is what
+            # the tensor is (the teacher's logits, cut into chunks).
+            self.assign(target, value, node)
         elif isinstance(value, Unknown):
             # ``for mb in micro_batches``: a row of rows kllint does not hold,
             # the same container in every loop over them.
