@@ -59,7 +59,7 @@ def parse_comments(source: str) -> list[SuppressionComment]:
                     codes = match.group("codes")
                     if codes is None and token.string[match.end() :].startswith("["):
                         continue  # ``# kllint: ignore[KL002`` unterminated: silences nothing
-                    names = frozenset(re.findall(r"[\w-]+", codes.upper())) if codes else None
+                    names = _named(codes) if codes else None
                     comments.append(
                         SuppressionComment(line, column + match.start() + 1, kind, names)
                     )
@@ -89,11 +89,16 @@ def might_suppress(source: str, findings: bool = True) -> bool:
 
 
 def _names_a_rule(codes: str) -> bool:
-    names = re.findall(r"[\w-]+", codes.upper())
-    return any(re.fullmatch(r"KL\d+", n) or n in _RULE_NAMES for n in names)
+    return any(_KL_CODE.fullmatch(n) or n in _CODE_OF_NAME for n in _named(codes))
 
 
-_RULE_NAMES = frozenset(r.name.upper() for r in RULES.values())
+def _named(codes: str) -> frozenset[str]:
+    """The upper-cased codes and names a comment lists (``KL002, differentiated-k3-estimate``)."""
+    return frozenset(re.findall(r"[\w-]+", codes.upper()))
+
+
+_KL_CODE = re.compile(r"KL\d+")
+_CODE_OF_NAME = {r.name.upper(): r.code for r in RULES.values()}
 
 
 def parse_suppressions(source: str) -> dict[int, frozenset[str] | None]:
@@ -132,7 +137,6 @@ def stale_suppressions(
     a rule enabled for this file that reports nothing on the comment's line.
     ``findings``: the file's findings of enabled rules, before suppression."""
     enabled = frozenset(enabled)
-    by_name = {r.name.upper(): r.code for r in RULES.values()}
     reported: dict[int, set[str]] = {}
     for f in findings:
         for line in {f.line, f.end_line}:
@@ -148,9 +152,9 @@ def stale_suppressions(
                 )
             continue
         for name in sorted(comment.names):
-            code = name if name in RULES else by_name.get(name)
+            code = name if name in RULES else _CODE_OF_NAME.get(name)
             if code is None:
-                if comment.kind == "kllint" or re.fullmatch(r"KL\d+", name):
+                if comment.kind == "kllint" or _KL_CODE.fullmatch(name):
                     warnings.append(
                         FileError(
                             path,
