@@ -23,6 +23,7 @@ from kllint.analysis.interpreter import (
     Interpreter,
     Sink,
     called_names,
+    inherited_hook_callers,
     iter_functions,
 )
 from kllint.analysis.ir import clear_caches
@@ -93,6 +94,10 @@ def interpret(
             continue
         if may_compute_kl(info, fn, cls, roles):
             Interpreter(context, info, cls).run_function(fn)
+    for ref, cls in inherited_hook_callers(project, info):
+        if ref.cls is not None and may_compute_kl(ref.module, ref.node, ref.cls, roles):
+            late = Interpreter(context, ref.module, ref.cls, self_class=(cls, info))
+            late.run_function(ref.node)
     parsed = info.parsed_module
     if parsed is not None:
         top_level = [s for s in parsed.body if not isinstance(s, (cst.FunctionDef, cst.ClassDef))]
@@ -175,8 +180,11 @@ def _verdicts(sinks: list[Sink], path: str) -> list[_Verdict]:
                 # A k3 reward and a k3 loss in the same loss ("both" in
                 # Tang & Munos): each is biased, their sum is the right
                 # gradient. Partial losses on the way (``kl_loss``) are cleared too.
-                cleared.update(_origin_nodes(terms))
-                continue
+                # A term without gradient is not made right by the others: it
+                # adds nothing (a KL loss of stored log-probs, KL005).
+                cleared.update(_origin_nodes(t for t in terms if ir.depends_on_policy(t)))
+                if all(ir.depends_on_policy(t) for t in terms):
+                    continue
             for site in _sites(sink, branch, loss, terms, path):
                 for rule in RULES.values():
                     if rule.check(site):

@@ -230,8 +230,8 @@ class Calls(Expressions):
         ):
             return self.method_op(method, receiver, args, kwargs, call)
         if isinstance(receiver, Unknown):
-            if receiver.names == ("self",) and self.cls is not None:
-                found = self.context.project.method(self.cls, self.module, method)
+            if receiver.names == ("self",) and self.self_class is not None:
+                found = self.context.project.method(*self.self_class, method)
                 if found is not None:
                     return self.inline(found, call)
             return self.unknown_method(call, method, receiver, args, kwargs)

@@ -98,10 +98,14 @@ class Frame:
         call_site: ir.Origin | None = None,
         stack: tuple[int, ...] = (),
         function_name: str = "<module>",
+        self_class: tuple[ClassInfo, ModuleInfo] | None = None,
     ) -> None:
         self.context = context
         self.module = module
         self.cls = cls
+        # The class of ``self`` and its module: a subclass's, when a method it
+        # inherits runs for it (``self.kl_penalty`` is then its override).
+        self.self_class = self_class or ((cls, module) if cls is not None else None)
         self.depth = depth
         self.call_site = call_site
         # The call in the analysed function this helper was reached from,
@@ -137,7 +141,13 @@ class Frame:
         if self.call_site is not None:
             return self.call_site
         return ir.Origin(
-            self.context.path, cst_node=node, statement=self.statement, function=self.root
+            self.context.path,
+            cst_node=node,
+            statement=self.statement,
+            function=self.root,
+            # A base class's method of another file, run for a subclass of
+            # this one: what it computes itself is that file's finding.
+            reported_by_helper=self.module is not self.context.module,
         )
 
     # ----------------------------------------------------------------- evidence

@@ -43,6 +43,7 @@ from kllint.analysis.expressions import BINOPS, compare, split_tensor
 from kllint.analysis.frame import MAX_DEPTH, FileContext
 from kllint.analysis.ir import Role
 from kllint.analysis.module import ClassInfo, ModuleInfo, dotted_name, names_imported
+from kllint.analysis.project import Project
 from kllint.analysis.sinks import Sink
 from kllint.analysis.syntax import code, full_code, string_key
 from kllint.analysis.values import (
@@ -799,9 +800,16 @@ class Interpreter(Calls):
         in_place = (
             self.call_site is None
             and ref.module is self.context.module
-            and self.context.calls[_called_as(ref, call)] == 1
-            and not sinks.steerable(ref.node)
-            and not any(_policy_log_probs_in(v) for v in bound.values())
+            and (
+                # A subclass's hook called by the inherited method of a base
+                # in another file: the hook is the only place in this file.
+                self.module is not self.context.module
+                or (
+                    self.context.calls[_called_as(ref, call)] == 1
+                    and not sinks.steerable(ref.node)
+                    and not any(_policy_log_probs_in(v) for v in bound.values())
+                )
+            )
         )
         callee = Interpreter(
             self.context,
@@ -811,6 +819,8 @@ class Interpreter(Calls):
             call_site=None if in_place else site,
             stack=(*self.stack, key),
             function_name=ref.node.name.value,
+            # ``self.hook(...)``: the same ``self``, whichever class it is.
+            self_class=self.self_class if ref.bound and ref.receiver is None else None,
         )
         callee.entry_call = self.entry_call or site
         callee.entry_root = self.entry_root
@@ -1065,6 +1075,32 @@ def iter_functions(
         for name in list(cls.methods):
             if keep is None or keep((cls.name, name)):
                 yield from nested(cls.methods[name], cls)
+
+
+def inherited_hook_callers(
+    project: Project, module: ModuleInfo
+) -> Iterator[tuple[FuncRef, ClassInfo]]:
+    """Methods a class of ``module`` inherits from a base of the project
+    that call a method the class overrides: a base trainer's
+    ``training_step`` calling ``self.kl_penalty(...)``, a hook the subclass
+    fills in. Each runs again for the subclass, whose override ``self``
+    then reaches (Python binds ``self`` late)."""
+    for cls in module.classes.values():
+        if not cls.bases:
+            continue
+        # Only an override that can compute a KL term can change a verdict.
+        overrides = {
+            name
+            for name in cls.methods
+            if name != "__init__" and roles.sketch_may_compute_kl(module.sketch, cls.name, name)
+        }
+        if not overrides:
+            continue
+        for name, base, where in project.inherited(cls, module):
+            names = where.sketch.functions.get((base.name, name))
+            if name == "__init__" or names is None or overrides.isdisjoint(names.called):
+                continue
+            yield FuncRef(base.methods[name], where, base, bound=True), cls
 
 
 def _walk_defs(body: cst.BaseSuite) -> Iterator[cst.FunctionDef]:

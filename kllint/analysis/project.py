@@ -312,6 +312,28 @@ class Project:
                     queue.append(found)
         return None
 
+    def inherited(
+        self, cls: ClassInfo, module: ModuleInfo
+    ) -> Iterator[tuple[str, ClassInfo, ModuleInfo]]:
+        """The methods ``cls`` inherits from base classes of the project and
+        does not override, nearest definition first: each name with the
+        class and module that define it (not parsed here)."""
+        seen_classes: set[int] = {id(cls)}
+        seen_names = set(cls.methods)
+        queue = [found for base in cls.bases if (found := self.class_named(base, module))]
+        while queue:
+            current, where = queue.pop(0)
+            if id(current) in seen_classes:
+                continue
+            seen_classes.add(id(current))
+            for name in list(current.methods):
+                if name not in seen_names:
+                    seen_names.add(name)
+                    yield name, current, where
+            queue.extend(
+                found for base in current.bases if (found := self.class_named(base, where))
+            )
+
     # ------------------------------------------------------------ callers
 
     def backprop_callers(self, importer: Path, name: str) -> list[callers.Caller]:
