@@ -308,6 +308,9 @@ class Expressions(Frame):
             setting = self.setting_in_init(attr)
             if setting is not None:
                 return setting
+            bound = self.callable_in_init(attr)
+            if bound is not None:
+                return bound
         if isinstance(base, (ir.Node, Choice)) and not isinstance(base, ir.Opaque):
             lowered = lowering.tensor_attribute(self.torch_call(expr), attr, base)
             return lowered if lowered is not None else Unknown(code(expr), (attr,))
@@ -402,6 +405,26 @@ class Expressions(Frame):
             return None
         (value,) = self.eval_in_init(init, assigned)
         return value if isinstance(value, Py) and isinstance(value.value, str) else None
+
+    def callable_in_init(self, attr: str) -> FuncRef | None:
+        """``self.kl_fn`` set once, in ``__init__``, to a function of the
+        project with arguments given in advance from the settings
+        (``functools.partial(approx_kl, estimator=args.kl_estimator)``):
+        that function, as ``__init__`` binds it."""
+        assert self.cls is not None
+        init = self.cls.methods.get("__init__")
+        if init is None or not isinstance(init.body, cst.IndentedBlock):
+            return None
+        assigned = _init_assignments(init).get(attr, [])
+        if (
+            len(assigned) != 1
+            or not isinstance(assigned[0], cst.Call)
+            or "self" in _names_in(assigned[0])
+            or not selectors.assigned_once(self.module, self.cls, attr)
+        ):
+            return None
+        (value,) = self.eval_in_init(init, assigned)
+        return value if isinstance(value, FuncRef) else None
 
     def eval_in_init(
         self, init: cst.FunctionDef, expressions: Sequence[cst.BaseExpression]

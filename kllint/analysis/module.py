@@ -245,8 +245,10 @@ class ModuleInfo:
         return self._sketch
 
     def line_of_class(self, name: str) -> int:
+        # ``class Actor`` is not ``class ActorConfig``: the name ends the word.
+        header = re.compile(rf"class\s+{re.escape(name)}\b")
         for number, line in enumerate(self.source.splitlines(), 1):
-            if line.lstrip().startswith(f"class {name}"):
+            if header.match(line.lstrip()):
                 return number
         return 0
 
