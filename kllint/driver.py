@@ -36,7 +36,7 @@ from kllint.analysis.roles import (
     sketch_may_compute_kl,
 )
 from kllint.analysis.sites import KLSite, build_site, focus_of, kl_terms
-from kllint.analysis.values import Choice, common_condition, show_condition
+from kllint.analysis.values import Choice, common_condition, settings_agree, show_condition
 from kllint.findings import Finding
 from kllint.prefilter import may_hold_kl_term, must_analyse
 from kllint.rules import RULES, Rule
@@ -133,6 +133,8 @@ class _Verdict:
     # Other rules that hold for the same expression on other branches of a
     # selector kllint could not resolve: named in this finding's notes.
     elsewhere: list[_Verdict] = field(default_factory=list)
+    owner: str | None = None  # the class whose methods reached it
+    sinks: list[Sink] = field(default_factory=list)  # the losses it was reached in
 
 
 def _judged(sinks: list[Sink]) -> list[Sink]:
@@ -189,8 +191,9 @@ def _verdicts(sinks: list[Sink], path: str) -> list[_Verdict]:
                 for rule in RULES.values():
                     if rule.check(site):
                         key = (rule.code, id(site.origin.cst_node))
-                        verdict = best.setdefault(key, _Verdict(rule, site, []))
+                        verdict = best.setdefault(key, _Verdict(rule, site, [], owner=sink.owner))
                         verdict.branches.append(branch)
+                        verdict.sinks.append(sink)
                         if site.term is not verdict.site.term and all(
                             s.term is not site.term for s in verdict.alternatives
                         ):
@@ -200,7 +203,7 @@ def _verdicts(sinks: list[Sink], path: str) -> list[_Verdict]:
         shared = common_condition(verdict.branches)
         if shared != verdict.site.branch:
             verdict.site = replace(verdict.site, branch=shared)
-    return _one_per_expression(_kept(list(best.values()), cleared))
+    return _one_per_expression(_right_together(_kept(list(best.values()), cleared)))
 
 
 def _one_per_expression(verdicts: list[_Verdict]) -> list[_Verdict]:
@@ -224,6 +227,38 @@ def _one_per_expression(verdicts: list[_Verdict]) -> list[_Verdict]:
             else:
                 primary.elsewhere.append(verdict)
     return kept
+
+
+def _right_together(verdicts: list[_Verdict]) -> list[_Verdict]:
+    """A k3 reward and a k3 loss of one class ("both" in Tang & Munos), each
+    behind its own switch or in its own method (advantages stored by one, the
+    loss of another): each alone is biased, their sum is the gradient of the
+    sequence KL. Neither is reported when some setting runs both; a selector
+    that picks one placement or the other keeps both findings."""
+    if not 2 <= len(verdicts) <= 8:
+        return verdicts
+    paired: set[int] = set()
+    for i, first in enumerate(verdicts):
+        for second in verdicts[i + 1 :]:
+            if (
+                first.rule is not second.rule
+                and first.owner == second.owner
+                and _one_pipeline(first, second)
+                and any(settings_agree(a, b) for a in first.branches for b in second.branches)
+                and _correct_together([first.site.term, second.site.term])
+            ):
+                paired.update((id(first), id(second)))
+    return [v for v in verdicts if id(v) not in paired]
+
+
+def _one_pipeline(first: _Verdict, second: _Verdict) -> bool:
+    """Two terms of one training pipeline: branches of one loss, or a reward
+    stored for a loss elsewhere and a loss (not two alternative designs,
+    each a training step of its own)."""
+    if any(a is b for a in first.sinks for b in second.sinks):
+        return True
+    stored = [any(s.read_elsewhere for s in v.sinks) for v in (first, second)]
+    return stored[0] != stored[1]
 
 
 def _origin_nodes(terms: Iterable[ir.Node]) -> Iterator[int]:

@@ -387,7 +387,7 @@ class Expressions(Frame):
             return None
         return self.instantiate(found[0], found[1], call, arguments)
 
-    def setting_in_init(self, attr: str) -> Py | None:
+    def setting_in_init(self, attr: str) -> Py | ir.Atom | None:
         """``self.kl_type`` set once, in ``__init__``, from the settings it was
         given (``KLType(cfg.get("kl_type", KLType.K3))``): the selector that
         expression reads, with ``__init__``'s parameters unknown."""
@@ -404,7 +404,13 @@ class Expressions(Frame):
         ):
             return None
         (value,) = self.eval_in_init(init, assigned)
-        return value if isinstance(value, Py) and isinstance(value.value, str) else None
+        if isinstance(value, Py) and isinstance(value.value, str):
+            return value
+        if isinstance(assigned[0], cst.Subscript) and _from_settings(value):
+            # ``cfg["reference_policy_kl_penalty"]``: a number of the settings,
+            # a coefficient without gradient, whatever words it is named by.
+            return ir.Atom(Role.COEFFICIENT, f"self.{attr}")
+        return None
 
     def callable_in_init(self, attr: str) -> FuncRef | None:
         """``self.kl_fn`` set once, in ``__init__``, to a function of the
@@ -627,6 +633,17 @@ def _cut_along_time(expr: cst.Subscript, base: Unknown) -> bool:
 
 
 _INIT_ASSIGNMENTS: dict[int, tuple[cst.FunctionDef, dict[str, list[cst.BaseExpression]]]] = {}
+
+
+def _from_settings(value: Value) -> bool:
+    """An entry of a settings mapping ``__init__`` was given (``cfg["beta"]``),
+    not a tensor: read from a name like ``cfg``, ``config``, ``args``."""
+    return (
+        isinstance(value, Unknown)
+        and not value.call
+        and len(value.names) == 2
+        and any(w in selectors.CONFIG_WORDS for w in roles.words(value.names[0]))
+    )
 
 
 def _init_assignments(init: cst.FunctionDef) -> dict[str, list[cst.BaseExpression]]:

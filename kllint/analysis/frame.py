@@ -120,6 +120,9 @@ class Frame:
         # ``rollout_data["advantages"] = advantages``: advantages written for
         # a loss elsewhere to read back (with the path they were written on).
         self.stored_advantages: list[tuple[cst.CSTNode, str, Value]] = []
+        # ``batch["returns"] = ...``: the advantages of a REINFORCE-style loss
+        # when no advantages are stored.
+        self.stored_returns: list[tuple[cst.CSTNode, str, Value]] = []
         # ``batch["token_level_rewards"] = scores - beta * kl``: per-token
         # rewards written for a loss elsewhere, which credits them.
         self.stored_rewards: list[tuple[cst.CSTNode, str, Value]] = []
@@ -229,5 +232,6 @@ class Frame:
         node: cst.CSTNode,
         *,
         backward: bool = False,
+        read_elsewhere: bool = False,
     ) -> None:
         raise NotImplementedError

@@ -122,7 +122,7 @@ class Interpreter(Calls):
             if isinstance(star, cst.Param):
                 self.env[star.name.value] = Unknown(star.name.value, (star.name.value,))
         self.exec_block(fn.body.body if isinstance(fn.body, cst.IndentedBlock) else [fn.body])
-        for node, shown, value in self.stored_advantages:
+        for node, shown, value in self.stored_advantages or self.stored_returns:
             self.advantage_sink(node, value, f"the advantages stored as `{shown}`")
         if not self.context.calls.get(self.function_name):
             # Called in this file, its caller reads the rewards back and is
@@ -539,7 +539,6 @@ class Interpreter(Calls):
             sink.function_node is self.function_node for sink in self.context.sinks
         ):
             return  # a training step that backpropagates itself is judged by its own loss
-        advantages = options[0][1] if len(options) == 1 and not options[0][0] else Choice(options)
         if not any(
             isinstance(v, ir.Node)
             and v.has_role(Role.REFERENCE_LOGP)
@@ -566,11 +565,21 @@ class Interpreter(Calls):
         def credited(a: ir.Node) -> ir.Node:
             return ir.CumSum(a, reverse=True, origin=origin) if rewards else a
 
-        surrogate = self.lift1(
-            advantages,
-            lambda a: ir.neg(ir.Binary("mul", credited(a), policy, origin=origin), origin),
+        def surrogate(a: ir.Node) -> ir.Node:
+            return ir.neg(ir.Binary("mul", credited(a), policy, origin=origin), origin)
+
+        # Each path keeps its condition, also a lone one (the KL reward behind
+        # ``if kl_placement == "reward"``, the other path's rewards unread).
+        paths: list[tuple[str, Value]] = [
+            (label, surrogate(a)) for label, a in options if isinstance(a, ir.Node)
+        ]
+        self.add_sink(
+            paths[0][1] if len(paths) == 1 and not paths[0][0] else Choice(paths),
+            description,
+            True,
+            node,
+            read_elsewhere=True,
         )
-        self.add_sink(surrogate, description, True, node)
 
     def add_sink(
         self,
@@ -580,6 +589,7 @@ class Interpreter(Calls):
         node: cst.CSTNode,
         *,
         backward: bool = False,
+        read_elsewhere: bool = False,
     ) -> None:
         if self.depth == 0:
             self.context.sinks.append(
@@ -591,6 +601,8 @@ class Interpreter(Calls):
                     self.function_name,
                     self.function_node,
                     backward,
+                    owner=self.self_class[0].name if self.self_class else None,
+                    read_elsewhere=read_elsewhere,
                 )
             )
         elif backward and self.entry_call is not None:
@@ -608,6 +620,7 @@ class Interpreter(Calls):
                     self.entry_root,
                     backward,
                     inlined_call=self.entry_call.cst_node,  # type: ignore[arg-type]
+                    owner=self.self_class[0].name if self.self_class else None,
                 )
             )
 
@@ -622,6 +635,9 @@ class Interpreter(Calls):
         rewarded = sinks.stored_rewards(target) if stored is None else None
         if rewarded is not None and self.depth == 0:
             self.stored_rewards.append((node, rewarded, value))
+        returned = sinks.stored_returns(target) if self.depth == 0 else None
+        if returned is not None:
+            self.stored_returns.append((node, returned, value))
         if isinstance(target, cst.Name):
             self.assign_name(target.value, value, node)
         elif isinstance(target, (cst.Tuple, cst.List)):
@@ -907,11 +923,13 @@ def _log_probs_in(value: Value) -> bool:
 def _policy_log_probs_in(value: Value) -> bool:
     """Whether an argument holds the policy's log-probs: whether they carry a
     gradient is the caller's business. A reference's (a teacher's) does not
-    make the verdict the caller's."""
+    make the verdict the caller's, nor do logits: a helper given logits
+    forms the log-probs, and the estimate, itself."""
     if isinstance(value, Choice):
         return any(_policy_log_probs_in(v) for _, v in value.options)
     return isinstance(value, ir.Node) and any(
-        a.role in (Role.POLICY_LOGP, Role.OLD_LOGP) for a in value.atoms()
+        a.role in (Role.POLICY_LOGP, Role.OLD_LOGP) and not roles.names_logits(a.name)
+        for a in value.atoms()
     )
 
 

@@ -552,6 +552,13 @@ def reference_renamed(name: str, value: Value, patterns: RolePatterns) -> ir.Nod
 # Scores before a softmax: scaled by a temperature, still that model's.
 LOGIT_WORDS = frozenset({"logits", "logit"})
 
+
+def names_logits(name: str) -> bool:
+    """``pi_logits``, ``self.model(ids).logits``: a model's logits, from
+    which log-probs are yet to be formed."""
+    return bool(LOGIT_WORDS & set(words(name.rsplit(".", 1)[-1])))
+
+
 # Words of an identifier that a function able to produce or judge a KL term
 # mentions somewhere: log-probs and the ops that compute them, a reference
 # or behaviour policy, KL itself, a loss or a backward pass (a sink). A

@@ -229,6 +229,9 @@ def init_default(
         None,
     )
     literal = _literal_node(default, ints=index)
+    if literal is None:
+        # ``kl_estimator: KLEstimator = KLEstimator.K2``: the member's value.
+        literal = _member_value(module, default, project)
     if (
         isinstance(literal, (str, int))
         and assigned_once(module, cls, attr)
@@ -237,6 +240,22 @@ def init_default(
         line = module.line_of_class(cls.name)
         return Py(literal, source=f"`{cls.name}.__init__` ({module.path.name}:{line})")
     return None
+
+
+def _member_value(
+    module: ModuleInfo, node: cst.BaseExpression | None, project: Project | None
+) -> str | int | None:
+    """``KLEstimator.K2``, an Enum of this module or imported from the
+    project: the member's literal value."""
+    if not (isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name)):
+        return None
+    name = node.value.value
+    found = (
+        project.class_named(name, module)
+        if project is not None
+        else ((module.classes[name], module) if name in module.classes else None)
+    )
+    return _class_literal(found[0], node.attr.value) if found is not None else None
 
 
 def assigned_once(module: ModuleInfo, cls: ClassInfo, attr: str) -> bool:

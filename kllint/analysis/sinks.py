@@ -35,6 +35,11 @@ class Sink:
     # For a backward pass inside a helper the function calls: that call.
     # Estimates computed inside the helper are the helper's own findings.
     inlined_call: cst.CSTNode | None = None
+    # The class whose method computed it (of ``self``'s class, for an
+    # inherited method run for a subclass); None for a plain function.
+    owner: str | None = None
+    # Advantages or rewards stored for a loss in another call tree to read.
+    read_elsewhere: bool = False
 
 
 BACKWARD_METHODS = callers.BACKWARD_METHODS
@@ -153,6 +158,14 @@ def stored_advantages(target: cst.BaseExpression) -> str | None:
     None."""
     key = _stored_key(target)
     return code(target) if key is not None and is_advantage_key(key) else None
+
+
+def stored_returns(target: cst.BaseExpression) -> str | None:
+    """``batch["returns"] = discounted_returns(rewards, ...)``: what a
+    REINFORCE-style loss reads back as its advantages when no advantages
+    are stored beside them (beside them, returns are a critic's targets)."""
+    key = _stored_key(target)
+    return code(target) if key is not None and roles.words(key) == ["returns"] else None
 
 
 def stored_rewards(target: cst.BaseExpression) -> str | None:

@@ -257,6 +257,18 @@ def join_conditions(a: str, b: str) -> str | None:
     return AND.join(conjuncts)
 
 
+def settings_agree(a: str, b: str) -> bool:
+    """Whether some setting takes both paths: their tests of selectors'
+    values do not contradict (``kl_placement == "reward"`` and
+    ``kl_placement == "loss"`` do), whatever feature flags each needs on
+    or off, since a setting can turn every flag on."""
+    tests = [
+        AND.join(c for c in label.split(AND) if c and _literal_test(c) is not None)
+        for label in (a, b)
+    ]
+    return join_conditions(*tests) is not None
+
+
 def _exclusive(a: str, b: str) -> bool:
     """Two tests of one selector that no value passes both of:
     ``kind in ("kl", "k1")`` and ``kind == "abs"``, or ``kind == "k3"`` and
