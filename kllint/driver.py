@@ -203,7 +203,9 @@ def _verdicts(sinks: list[Sink], path: str) -> list[_Verdict]:
         shared = common_condition(verdict.branches)
         if shared != verdict.site.branch:
             verdict.site = replace(verdict.site, branch=shared)
-    return _one_per_expression(_right_together(_kept(list(best.values()), cleared)))
+    verdicts = list(best.values())
+    paired = _right_together(verdicts)
+    return _one_per_expression([v for v in _kept(verdicts, cleared) if id(v) not in paired])
 
 
 def _one_per_expression(verdicts: list[_Verdict]) -> list[_Verdict]:
@@ -229,14 +231,16 @@ def _one_per_expression(verdicts: list[_Verdict]) -> list[_Verdict]:
     return kept
 
 
-def _right_together(verdicts: list[_Verdict]) -> list[_Verdict]:
+def _right_together(verdicts: list[_Verdict]) -> set[int]:
     """A k3 reward and a k3 loss of one class ("both" in Tang & Munos), each
     behind its own switch or in its own method (advantages stored by one, the
     loss of another): each alone is biased, their sum is the gradient of the
     sequence KL. Neither is reported when some setting runs both; a selector
-    that picks one placement or the other keeps both findings."""
-    if not 2 <= len(verdicts) <= 8:
-        return verdicts
+    that picks one placement or the other keeps both findings. The verdicts
+    cleared, by id; a half reported at the call of a loss helper (the step's
+    branch where only the loss is on) clears the helper's own finding too."""
+    if not 2 <= len(verdicts) <= 12:
+        return set()
     paired: set[int] = set()
     for i, first in enumerate(verdicts):
         for second in verdicts[i + 1 :]:
@@ -248,7 +252,12 @@ def _right_together(verdicts: list[_Verdict]) -> list[_Verdict]:
                 and _correct_together([first.site.term, second.site.term])
             ):
                 paired.update((id(first), id(second)))
-    return [v for v in verdicts if id(v) not in paired]
+    helpers = {
+        (v.rule.code, id(v.site.origin.helper_node))
+        for v in verdicts
+        if id(v) in paired and v.site.origin.helper
+    }
+    return paired | {id(v) for v in verdicts if (v.rule.code, id(v.site.function_node)) in helpers}
 
 
 def _one_pipeline(first: _Verdict, second: _Verdict) -> bool:
