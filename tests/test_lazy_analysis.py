@@ -286,3 +286,27 @@ def test_config_defaults_are_the_fields_of_class_bodies_only(tmp_path: Path) -> 
     assert defaults("use_kl_loss") == [(True, "field default in algo/config.py:28")]
     assert defaults("entropy_coeff") == [(0.0, "field default in algo/config.py:32")]
     assert defaults("loss_agg_mode") == [("token-mean", "field default in algo/config.py:41")]
+
+
+def test_a_method_found_again_still_counts_the_base_class_file_as_read(tmp_path: Path) -> None:
+    """``self.kl_penalty`` is looked up once per class and name, and kept;
+    each later file that asks still depends on the base class's file (the
+    results cache re-analyses it when that file changes)."""
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "base.py").write_text(
+        "class Base:\n    def kl_penalty(self, logp, ref):\n        return logp - ref\n"
+    )
+    (package / "trainer.py").write_text(
+        "from .base import Base\n\n\nclass Trainer(Base):\n    pass\n"
+    )
+    project = Project([tmp_path])
+    trainer = project.module_at(package / "trainer.py")
+    assert trainer is not None
+    cls = trainer.classes["Trainer"]
+    for _ in range(2):
+        project.begin_file()
+        found = project.method(cls, trainer, "kl_penalty")
+        assert found is not None and found.node.name.value == "kl_penalty"
+        assert str(package / "base.py") in project.read_paths

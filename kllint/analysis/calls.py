@@ -249,7 +249,24 @@ class Calls(Expressions):
         instance = Instance(cls, module)
         init = self.context.project.method(cls, module, "__init__")
         if init is not None:
-            self.inline(replace(init, receiver=instance), call, evaluated)
+            # The arguments as they are here; ``__init__`` runs when the
+            # object is first read, in the place and mode it was built in.
+            arguments = (
+                list(evaluated)
+                if evaluated is not None
+                else [self.eval(a.value) for a in call.args]
+            )
+            statement, no_grad = self.statement, self.no_grad
+
+            def build() -> None:
+                saved = self.statement, self.no_grad
+                self.statement, self.no_grad = statement, no_grad
+                try:
+                    self.inline(replace(init, receiver=instance), call, arguments)
+                finally:
+                    self.statement, self.no_grad = saved
+
+            instance.pending = build
         return instance
 
     def class_method(self, receiver: cst.BaseExpression, method: str) -> FuncRef | None:

@@ -290,8 +290,9 @@ class Expressions(Frame):
     def attribute(self, base: Value, attr: str, expr: cst.BaseExpression) -> Value:
         """``base.attr``; also ``getattr(base, "attr")``."""
         if isinstance(base, Instance):
-            if attr in base.attrs:
-                return base.attrs[attr]
+            attrs = base.built()
+            if attr in attrs:
+                return attrs[attr]
             method = self.context.project.method(base.cls, base.module, attr)
             if method is not None:
                 return replace(method, receiver=base)
@@ -751,15 +752,26 @@ def _lambda_as_function(node: cst.Lambda) -> cst.FunctionDef:
     return function
 
 
-def _names_in(expr: cst.BaseExpression) -> set[str]:
+def _names_in(expr: cst.BaseExpression) -> frozenset[str]:
+    """Every name an expression reads. Walked by hand: a LibCST visitor
+    rebuilds the tree it visits. Asked for each ``self.x`` read, so kept
+    (with the node, whose id is not reused while it is a key)."""
+    cached = _NAMES_IN.get(id(expr))
+    if cached is not None and cached[0] is expr:
+        return cached[1]
     found: set[str] = set()
-
-    class _Names(cst.CSTVisitor):
-        def visit_Name(self, node: cst.Name) -> None:
+    stack: list[cst.CSTNode] = [expr]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, cst.Name):
             found.add(node.value)
+        stack.extend(node.children)
+    names = frozenset(found)
+    _NAMES_IN[id(expr)] = (expr, names)
+    return names
 
-    expr.visit(_Names())
-    return found
+
+_NAMES_IN: dict[int, tuple[cst.BaseExpression, frozenset[str]]] = {}
 
 
 # Splitting a tensor into rows or chunks: each piece is what the tensor is.

@@ -872,7 +872,7 @@ class Interpreter(Calls):
         if any(roles.may_carry_kl(v) for v in (*bound.values(), *ref.preset_args)):
             return True
         if ref.receiver is not None and any(
-            roles.may_carry_kl(v) for v in ref.receiver.attrs.values()
+            roles.may_carry_kl(v) for v in ref.receiver.built().values()
         ):
             return True
         return roles.may_compute_kl(ref.module, ref.node, ref.cls, self.context.role_patterns)

@@ -141,6 +141,9 @@ class Project:
         self._noted: set[tuple[str, Path]] = set()
         self._constructions: dict[Path, _Constructions] = {}
         self._real: dict[Path, Path] = {}
+        self._methods: dict[
+            tuple[int, int, str], tuple[ClassInfo, FuncRef | None, frozenset[str]]
+        ] = {}
 
     def begin_file(self) -> None:
         """Start recording the files the next analysis reads."""
@@ -296,21 +299,33 @@ class Project:
 
     def method(self, cls: ClassInfo, module: ModuleInfo, name: str) -> FuncRef | None:
         """``self.name`` in ``cls``: in the class, else in its base classes
-        (this module's or imported from the project), nearest first."""
+        (this module's or imported from the project), nearest first. Kept,
+        with the modules the search read (each a dependency of the file that
+        asks again): every ``self.x`` is looked up, in every method."""
+        key = (id(cls), id(module), name)
+        known = self._methods.get(key)
+        if known is not None and known[0] is cls:
+            self.read_paths.update(known[2])
+            return known[1]
         seen: set[int] = set()
+        read: set[str] = set()
         queue: list[tuple[ClassInfo, ModuleInfo]] = [(cls, module)]
+        found_ref = None
         while queue:
             current, where = queue.pop(0)
             if id(current) in seen:
                 continue
             seen.add(id(current))
+            read.add(str(where.path))
             if name in current.methods:
-                return FuncRef(current.methods[name], where, current, bound=True)
+                found_ref = FuncRef(current.methods[name], where, current, bound=True)
+                break
             for base in current.bases:
                 found = self.class_named(base, where)
                 if found is not None:
                     queue.append(found)
-        return None
+        self._methods[key] = (cls, found_ref, frozenset(read))
+        return found_ref
 
     def inherited(
         self, cls: ClassInfo, module: ModuleInfo

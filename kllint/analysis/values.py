@@ -105,6 +105,16 @@ class Instance:
     cls: ClassInfo
     module: ModuleInfo
     attrs: dict[str, Value] = field(default_factory=dict)
+    # Its ``__init__``, run when an attribute is first read: most objects
+    # a trainer builds (a model's layers) are never read again.
+    pending: Callable[[], None] | None = field(default=None, compare=False, repr=False)
+
+    def built(self) -> dict[str, Value]:
+        """The attributes, once ``__init__`` has run."""
+        if self.pending is not None:
+            run, self.pending = self.pending, None
+            run()
+        return self.attrs
 
 
 @dataclass
