@@ -292,6 +292,13 @@ class ModuleInfo:
                 self.constants[target.value] = small.value
             for name, value in _unpacked(target, small.value):
                 self.constants[name] = value
+        elif (
+            isinstance(small, cst.AnnAssign)
+            and isinstance(small.target, cst.Name)
+            and small.value is not None
+        ):
+            # ``KL_LOSSES: Dict[str, Callable] = {"k1": _k1, ...}``
+            self.constants[small.target.value] = small.value
 
 
 def _unpacked(
@@ -377,6 +384,14 @@ class _Pieces:
                 info.constants[statement.targets[0].id] = constant
                 info.top_level_names |= _names_in(statement)
             elif (
+                isinstance(statement, ast.AnnAssign)
+                and isinstance(statement.target, ast.Name)
+                and statement.value is not None
+            ):
+                annotated: Any = _Pending(self.constant(statement, statement.target.id))
+                info.constants[statement.target.id] = annotated
+                info.top_level_names |= _names_in(statement)
+            elif (
                 isinstance(statement, ast.Assign)
                 and len(statement.targets) == 1
                 and isinstance(statement.targets[0], ast.Tuple)
@@ -414,13 +429,22 @@ class _Pieces:
 
         return parse
 
-    def constant(self, statement: ast.Assign, name: str | None = None) -> Callable[[], Any]:
+    def constant(
+        self, statement: ast.Assign | ast.AnnAssign, name: str | None = None
+    ) -> Callable[[], Any]:
         name = name or statement.targets[0].id  # type: ignore[attr-defined]
         lines, span = self.lines, self.span(statement)
 
         def parse() -> cst.BaseExpression:
             line = _parse_statement("\n".join(lines[slice(*span)]) + "\n")
             for small in getattr(line, "body", []):  # ``a = 1; b = 2`` is one line
+                if (
+                    isinstance(small, cst.AnnAssign)
+                    and isinstance(small.target, cst.Name)
+                    and small.target.value == name
+                    and small.value is not None
+                ):
+                    return small.value
                 if not (isinstance(small, cst.Assign) and len(small.targets) == 1):
                     continue
                 target = small.targets[0].target

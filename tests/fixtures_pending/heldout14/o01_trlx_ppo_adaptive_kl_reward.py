@@ -178,6 +178,7 @@ class AcceleratePPOTrainer:
             values_pred[:, start:end],
             attention_mask[:, start + 1 : end + 1],
         )
+        # ok: KL002
         return self.config.loss(
             logprobs=logprobs,
             values=values_pred,
