@@ -432,7 +432,9 @@ class _Pieces:
     def constant(
         self, statement: ast.Assign | ast.AnnAssign, name: str | None = None
     ) -> Callable[[], Any]:
-        name = name or statement.targets[0].id  # type: ignore[attr-defined]
+        if name is None:
+            assert isinstance(statement, ast.Assign) and isinstance(statement.targets[0], ast.Name)
+            name = statement.targets[0].id
         lines, span = self.lines, self.span(statement)
 
         def parse() -> cst.BaseExpression:
