@@ -349,9 +349,17 @@ class Interpreter(Calls):
             return else_run()
         condition = label()
         saved_env, saved_path = dict(self.env), list(self.path)
+        # A dict written by key on a path (``batch["token_level_rewards"] =``,
+        # in the branch or by a helper given it) is the same object on both:
+        # each path starts from its entries as they were, and they are merged.
+        dicts = list({id(v): v for v in saved_env.values() if isinstance(v, DictVal)}.values())
+        before = [dict(d.items) for d in dicts]
         self.path = [*saved_path, condition]
         then_done = then_run()
         then_env = self.env
+        then_items = [d.items for d in dicts]
+        for d, items in zip(dicts, before):
+            d.items = dict(items)
         self.env, self.path = dict(saved_env), [*saved_path, negate_condition(condition)]
         else_done = else_run()
         else_env = self.env
@@ -362,8 +370,12 @@ class Interpreter(Calls):
             self.env = else_env
         elif else_done:
             self.env = then_env
+            for d, items in zip(dicts, then_items):
+                d.items = items
         else:
             self.env = merge_envs(then_env, else_env, condition)
+            for d, items in zip(dicts, then_items):
+                d.items = merge_envs(items, d.items, condition)
         return False
 
     def exec_match(self, statement: cst.Match) -> bool:

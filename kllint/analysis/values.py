@@ -363,13 +363,21 @@ def _subject(condition: str) -> str | None:
     return None
 
 
+def _one_container(a: Value, b: Value) -> bool:
+    """Two names for one container: ``data = apply_kl_penalty(data)`` on one
+    path rebinds the container it was given."""
+    return (
+        isinstance(a, Unknown) and isinstance(b, Unknown) and (a.same_as or a) is (b.same_as or b)
+    )
+
+
 def merge_envs(
     then_env: dict[str, Value], else_env: dict[str, Value], label: str
 ) -> dict[str, Value]:
     merged: dict[str, Value] = {}
     for name in then_env.keys() | else_env.keys():
         a, b = then_env.get(name), else_env.get(name)
-        if a is None or b is None or a is b:
+        if a is None or b is None or a is b or _one_container(a, b):
             merged[name] = a if a is not None else b  # type: ignore[assignment]
         elif isinstance(a, DictVal) and isinstance(b, DictVal):
             merged[name] = a

@@ -5,7 +5,7 @@ prompt and on tool / environment observations spliced between the turns.
 The KL to the reference uses the Joschu (2020) k3 estimator.
 """
 
-from typing import Any, NotRequired, TypedDict
+from typing import Any, TypedDict
 
 import torch
 
@@ -14,7 +14,7 @@ class ClippedPGLossConfig(TypedDict):
     reference_policy_kl_penalty: float
     ratio_clip_min: float
     ratio_clip_max: float
-    token_level_loss: NotRequired[bool]
+    token_level_loss: bool
 
 
 def masked_mean(values, mask, global_normalization_factor=None):
