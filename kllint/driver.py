@@ -36,7 +36,14 @@ from kllint.analysis.roles import (
     sketch_may_compute_kl,
 )
 from kllint.analysis.sites import KLSite, build_site, focus_of, kl_terms
-from kllint.analysis.values import Choice, common_condition, settings_agree, show_condition
+from kllint.analysis.values import (
+    Choice,
+    against_defaults,
+    clear_defaults,
+    common_condition,
+    settings_agree,
+    show_condition,
+)
 from kllint.findings import Finding
 from kllint.prefilter import may_hold_kl_term, must_analyse
 from kllint.rules import RULES, Rule
@@ -56,6 +63,7 @@ def check_source(
     project.prefilter = None if configured else may_hold_kl_term
     if not must_analyse(source, configured):
         return []  # cannot hold a KL term: not even parsed
+    clear_defaults()
     module, sinks = interpret(source, path, project, roles, whole=whole)
     verdicts = _verdicts(sinks, path)
     clear_caches()
@@ -221,7 +229,15 @@ def _one_per_expression(verdicts: list[_Verdict]) -> list[_Verdict]:
         groups.setdefault(id(expression), []).append(verdict)
     kept: list[_Verdict] = []
     for group in groups.values():
-        group.sort(key=lambda v: (bool(v.site.branch), v.rule.code))
+        # The path the settings' defaults take first (a flag stays open, but
+        # ``kl_is_correction: true`` says which finding the file has as set).
+        group.sort(
+            key=lambda v: (
+                min(against_defaults(b) for b in v.branches),
+                bool(v.site.branch),
+                v.rule.code,
+            )
+        )
         primary = group[0]
         for verdict in group:
             if verdict is primary or not set(verdict.branches).isdisjoint(primary.branches):

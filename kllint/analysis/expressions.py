@@ -282,6 +282,7 @@ class Expressions(Frame):
             self.cls,
             base,
             name,
+            flags=True,
         )
 
     def eval_attribute(self, expr: cst.Attribute) -> Value:
@@ -312,6 +313,9 @@ class Expressions(Frame):
             bound = self.callable_in_init(attr)
             if bound is not None:
                 return bound
+            constant = self.class_setting(attr)
+            if constant is not None:
+                return constant
         if isinstance(base, (ir.Node, Choice)) and not isinstance(base, ir.Opaque):
             lowered = lowering.tensor_attribute(self.torch_call(expr), attr, base)
             return lowered if lowered is not None else Unknown(code(expr), (attr,))
@@ -346,6 +350,8 @@ class Expressions(Frame):
                 class_name=None,
             )
             default = self.setting_default(base, attr)
+            if default is not None and isinstance(default.value, bool):
+                return replace(unknown, default_flag=default.value)
             return default if default is not None else unknown
         if isinstance(base, (FuncRef, Py)):
             return Unknown(code(expr), (attr,))
@@ -400,7 +406,7 @@ class Expressions(Frame):
         if (
             len(assigned) != 1
             or not isinstance(assigned[0], (cst.Call, cst.Subscript))
-            or "self" in _names_in(assigned[0])
+            or not _reads_only_settings_of_self(assigned[0])
             or not selectors.assigned_once(self.module, self.cls, attr)
         ):
             return None
@@ -412,6 +418,15 @@ class Expressions(Frame):
             # a coefficient without gradient, whatever words it is named by.
             return ir.Atom(Role.COEFFICIENT, f"self.{attr}")
         return None
+
+    def class_setting(self, attr: str) -> Py | None:
+        """``self.DIVERGENCE`` where the class body says ``DIVERGENCE =
+        "reverse_kl"`` (or a base's does) and no method assigns it: a
+        setting of the class, like a config field's default."""
+        assert self.self_class is not None
+        cls, module = self.self_class
+        found = selectors.class_setting(self.context.project, cls, module, attr)
+        return found
 
     def callable_in_init(self, attr: str) -> FuncRef | None:
         """``self.kl_fn`` set once, in ``__init__``, to a function of the
@@ -426,7 +441,7 @@ class Expressions(Frame):
         if (
             len(assigned) != 1
             or not isinstance(assigned[0], cst.Call)
-            or "self" in _names_in(assigned[0])
+            or not _reads_only_settings_of_self(assigned[0])
             or not selectors.assigned_once(self.module, self.cls, attr)
         ):
             return None
@@ -492,6 +507,11 @@ class Expressions(Frame):
                 # ``config["actor"]["kl_loss_type"]``: a dict config is read
                 # like ``config.actor.kl_loss_type``.
                 default = self.setting_default(base, key)
+                if default is not None and isinstance(default.value, bool):
+                    entry = self.entry(base, key, code(expr), per_token=False)
+                    if isinstance(entry, Unknown):
+                        return replace(entry, default_flag=default.value)
+                    return entry
                 if default is not None:
                     return default
             # Slicing keeps what a tensor is; a string key names what it holds.
@@ -574,6 +594,9 @@ class Expressions(Frame):
             return False if first is False and second is False else None
         if isinstance(expr, cst.UnaryOperation) and isinstance(expr.operator, cst.Not):
             inner = self.truth(expr.expression)
+            flag = self.flag_defaults.pop(id(expr.expression), None)
+            if flag is not None:
+                self.flag_defaults[id(expr)] = not flag
             return None if inner is None else not inner
         if isinstance(expr, cst.Comparison):
             left = self.eval(expr.left)
@@ -596,6 +619,8 @@ class Expressions(Frame):
             return bool(value.value)
         if isinstance(value, ir.Const):
             return bool(value.value)
+        if isinstance(value, Unknown) and value.default_flag is not None:
+            self.flag_defaults[id(expr)] = value.default_flag
         return None
 
     def condition_label(self, test: cst.BaseExpression) -> str:
@@ -772,6 +797,26 @@ def _names_in(expr: cst.BaseExpression) -> frozenset[str]:
 
 
 _NAMES_IN: dict[int, tuple[cst.BaseExpression, frozenset[str]]] = {}
+
+
+def _reads_only_settings_of_self(expr: cst.BaseExpression) -> bool:
+    """``self.config["kl_loss_type"]``, ``KLType(cfg.kl_type)``: of the
+    object being built, an expression reads at most its settings (an
+    attribute named like ``config``), which ``__init__`` set before."""
+    if "self" not in _names_in(expr):
+        return True
+    stack: list[cst.CSTNode] = [expr]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name):
+            if node.value.value == "self":
+                if not set(roles.words(node.attr.value)) & selectors.CONFIG_WORDS:
+                    return False
+                continue
+        elif isinstance(node, cst.Name) and node.value == "self":
+            return False  # ``self`` itself, passed along
+        stack.extend(node.children)
+    return True
 
 
 # Splitting a tensor into rows or chunks: each piece is what the tensor is.

@@ -132,6 +132,9 @@ class Frame:
         self.root: cst.FunctionDef | None = None  # the function the nodes are placed in
         self.entry_root: cst.FunctionDef | None = None  # the function being analysed (depth 0)
         self.in_constant = False  # evaluating a module-level constant where it is read
+        # Conditions just tested (by node id) on a flag whose settings give a
+        # default, with the truth value that default gives them.
+        self.flag_defaults: dict[int, bool] = {}
 
     def scope(self) -> Callable[[], dict[str, Value]]:
         """This function's locals as a closure defined here sees them: when

@@ -62,6 +62,7 @@ from kllint.analysis.values import (
     choice,
     merge_envs,
     negate_condition,
+    note_default,
 )
 
 __all__ = [
@@ -327,9 +328,19 @@ class Interpreter(Calls):
             else_body = orelse.body.body
         elif isinstance(orelse, cst.If):
             else_body = [orelse]
+        self.flag_defaults.clear()
+        truth = self.truth(statement.test)
+        flag = self.flag_defaults.pop(id(statement.test), None)
+
+        def label() -> str:
+            condition = self.condition_label(statement.test)
+            if flag is not None:
+                note_default(condition, flag)
+            return condition
+
         return self.exec_branch(
-            self.truth(statement.test),
-            lambda: self.condition_label(statement.test),
+            truth,
+            label,
             lambda: self.exec_block(statement.body.body),
             lambda: self.exec_block(else_body),
         )

@@ -128,6 +128,28 @@ def class_constant(module: ModuleInfo, class_name: str, attr: str) -> Py | None:
     return Py(value) if value is not None else None
 
 
+def class_setting(project: Project, cls: ClassInfo, module: ModuleInfo, attr: str) -> Py | None:
+    """A string a class body (the class's or a base's of the project) gives
+    ``attr``, when no line of the class assigns ``self.attr``."""
+    if re.search(rf"self\.{re.escape(attr)}\s*(?:[-+*/]?=)(?!=)", _class_text(module, cls)):
+        return None
+    seen: set[int] = set()
+    queue = [(cls, module)]
+    while queue:
+        current, where = queue.pop(0)
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        value = _class_literal(current, attr)
+        if value is not None:
+            if not isinstance(value, str):
+                return None
+            line = where.line_of_class(current.name)
+            return Py(value, source=f"`{current.name}.{attr}` ({where.path.name}:{line})")
+        queue.extend(found for base in current.bases if (found := project.class_named(base, where)))
+    return None
+
+
 def _class_literal(cls: ClassInfo, attr: str) -> str | int | None:
     """The literal a class body gives ``attr`` (an Enum member's value)."""
     return next((f.literal for f in cls.fields if f.name == attr and f.literal is not None), None)
@@ -153,10 +175,12 @@ def config_default(
     attr: str,
     *,
     index: bool = False,
+    flags: bool = False,
 ) -> Py | None:
     """``self.config.kl_loss_type`` and the like: the one default the
     project gives that setting, if there is exactly one. An ``index`` (a
-    setting that picks an item, ``stack[args.kl_estimator]``) may be an int."""
+    setting that picks an item, ``stack[args.kl_estimator]``) may be an int;
+    with ``flags``, a boolean's default is given too (see ``Unknown.default_flag``)."""
     if base.call or base.module is not None:
         return None
     if base.names == ("self",) and cls is not None:
@@ -189,6 +213,14 @@ def config_default(
     preferred = [d for d in defaults if (d.kind == "argparse") == from_args]
     defaults = preferred or defaults
     kinds = (str, int) if index else (str,)
+    if flags and defaults and all(isinstance(d.value, bool) for d in defaults):
+        # A feature flag stays open (a default of ``use_kl_loss: false`` must
+        # not hide the path users turn on); its default is returned to be
+        # remembered: of two findings on one expression, the one on the path
+        # the defaults take is reported.
+        if len({d.value for d in defaults}) == 1:
+            return Py(defaults[0].value, source=defaults[0].source)
+        return None
     if not all(isinstance(d.value, kinds) and not isinstance(d.value, bool) for d in defaults):
         # Feature flags and numbers stay open: a default of ``use_kl_loss:
         # false`` must not hide the code path users turn on.

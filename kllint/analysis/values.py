@@ -95,6 +95,10 @@ class Unknown:
     # kllint does not hold (``for mb in micro_batches``). What is written into
     # one by key (``mb["ref_tok"] = ...``) is read back from the others.
     same_as: object | None = field(default=None, compare=False, repr=False)
+    # A feature flag's default in the settings (``use_kl_loss: true``): the
+    # flag stays open, the path its default takes is preferred when two
+    # findings on one expression compete (``note_default``).
+    default_flag: bool | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass
@@ -384,3 +388,28 @@ def merge_envs(
         else:
             merged[name] = choice([(label, a), (negate_condition(label), b)])
     return merged
+
+
+# Branch conditions on feature flags whose settings give a default, with the
+# truth value the default gives them (and their negations): for the file
+# being analysed.
+_FLAG_DEFAULTS: dict[str, bool] = {}
+
+
+def note_default(condition: str, value: bool) -> None:
+    _FLAG_DEFAULTS[condition] = value
+    _FLAG_DEFAULTS[negate_condition(condition)] = not value
+
+
+def against_defaults(label: str) -> int:
+    """How many conditions of a path contradict the flags' defaults."""
+    return sum(1 for c in label.split(AND) if _FLAG_DEFAULTS.get(c) is False)
+
+
+def default_of(condition: str) -> bool | None:
+    """The truth value the settings' defaults give a shown condition."""
+    return _FLAG_DEFAULTS.get(condition, _FLAG_DEFAULTS.get(HIDDEN + condition))
+
+
+def clear_defaults() -> None:
+    _FLAG_DEFAULTS.clear()

@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from kllint.analysis.sites import KLSite
+from kllint.analysis.values import default_of
 
 
 @dataclass(frozen=True)
@@ -99,7 +100,9 @@ def context_notes(site: KLSite) -> list[str]:
         n.origin.assumed for n in site.term.walk() if n.origin is not None and n.origin.assumed
     ):
         notes.append(f"assumed: {assumption}")
-    if site.branch:
+    if site.branch and all(default_of(c) is True for c in site.branch.split(" and ")):
+        notes.append(f"when {site.branch} (as the settings' defaults have it)")
+    elif site.branch:
         notes.append(
             f"when {site.branch} (a selector kllint could not resolve statically: "
             "this branch is reachable)"
