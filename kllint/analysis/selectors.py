@@ -130,8 +130,15 @@ def class_constant(module: ModuleInfo, class_name: str, attr: str) -> Py | None:
 
 def class_setting(project: Project, cls: ClassInfo, module: ModuleInfo, attr: str) -> Py | None:
     """A string a class body (the class's or a base's of the project) gives
-    ``attr``, when no line of the class assigns ``self.attr``."""
-    if re.search(rf"self\.{re.escape(attr)}\s*(?:[-+*/]?=)(?!=)", _class_text(module, cls)):
+    ``attr``, when no line of the class assigns ``self.attr``. Asked of
+    every ``self.x`` read: only for a name that can choose an estimator
+    (``DIVERGENCE``, ``kl_type``), not ``self.model``."""
+    lowered = attr.lower()
+    if not (
+        attr.isupper()
+        or set(roles.words(attr)) & SELECTOR_WORDS
+        or any(part in lowered for part in KL_CONDITION_PARTS)
+    ):
         return None
     seen: set[int] = set()
     queue = [(cls, module)]
@@ -142,7 +149,9 @@ def class_setting(project: Project, cls: ClassInfo, module: ModuleInfo, attr: st
         seen.add(id(current))
         value = _class_literal(current, attr)
         if value is not None:
-            if not isinstance(value, str):
+            if not isinstance(value, str) or re.search(
+                rf"self\.{re.escape(attr)}\s*(?:[-+*/]?=)(?!=)", _class_text(module, cls)
+            ):
                 return None
             line = where.line_of_class(current.name)
             return Py(value, source=f"`{current.name}.{attr}` ({where.path.name}:{line})")
