@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from kllint.analysis import ir
 from kllint.analysis.gradient import Unsupported, profile
+from kllint.analysis.ir import Axis, Role
 from kllint.analysis.sites import length_normalised
 from kllint.harness.regimes import (
     BANDIT,
@@ -50,14 +51,24 @@ class Claim:
     code: str
     verdicts: dict[str, frozenset[str]]
     statement: str
+    # Verdicts also accepted at a finite batch size (``@B=2``): where a
+    # statistic of the batch enters the term nonlinearly (whitening, a
+    # baseline that includes the sample), the claim is the large-batch one.
+    finite_batch: frozenset[str] = frozenset()
 
     def accepts(self, instance: str, verdict: str) -> bool:
-        allowed = self.verdicts.get(regime_of(instance))
+        allowed = self._allowed(instance)
         return allowed is None or verdict in allowed
 
     def expected(self, instance: str) -> str:
-        allowed = self.verdicts.get(regime_of(instance))
+        allowed = self._allowed(instance)
         return " or ".join(sorted(allowed)) if allowed else "anything"
+
+    def _allowed(self, instance: str) -> frozenset[str] | None:
+        allowed = self.verdicts.get(regime_of(instance))
+        if allowed is not None and "@B=" in instance:
+            return allowed | self.finite_batch
+        return allowed
 
 
 def _subtracted(term: ir.Node) -> bool:
@@ -107,7 +118,57 @@ def claim_for(code: str, term: ir.Node) -> Claim | None:
         for regime in VARIABLE:
             verdicts[regime] = frozenset({BIASED})
         statement += "; biased on variable lengths (each sequence divided by its own length)"
-    return Claim(code, verdicts, statement)
+    finite_batch: frozenset[str] = frozenset()
+    if batch_nonlinear(term):
+        finite_batch = frozenset({BIASED})
+        statement += "; at a small batch size, a statistic of the batch (whitening) biases it"
+    return Claim(code, verdicts, statement, finite_batch)
+
+
+def batch_nonlinear(term: ir.Node) -> bool:
+    """True when a statistic of the batch (a mean over sequences) enters the
+    term nonlinearly: its square, a product with another per-sequence value
+    (a baseline that includes the sample). Then the large-batch limit is not
+    what the code computes at any batch size, and finite batches are evaluated."""
+    found = False
+
+    def logps(node: ir.Node) -> bool:
+        # A token count (``mask.sum()``) normalises; it is the large-batch
+        # limit's constant, not a statistic of the log-probs.
+        return any(a.role not in (Role.COEFFICIENT, Role.MASK) for a in node.atoms())
+
+    def visit(node: ir.Node) -> bool:
+        """Whether ``node`` is (derived from) a batch statistic of the rows."""
+        nonlocal found
+        if isinstance(node, ir.Reduce):
+            inner = visit(node.arg)
+            if node.mask is not None:
+                visit(node.mask)
+            return inner or (node.axis in (Axis.BATCH, Axis.ALL) and logps(node.arg))
+        if isinstance(node, ir.Unary):
+            inner = visit(node.arg)
+            if inner and node.op not in ("neg", "detach"):
+                found = True
+            return inner
+        if isinstance(node, ir.Binary):
+            left, right = visit(node.left), visit(node.right)
+            if node.op in ("add", "sub"):
+                return left or right
+            if (
+                (node.op == "pow" and left)
+                or (left and logps(node.right))
+                or (right and logps(node.left))
+            ):
+                found = True
+            return left or right
+        if isinstance(node, ir.Clamp):
+            inner = visit(node.arg)
+            found = found or inner
+            return inner
+        return any([visit(c) for c in node.children()])
+
+    visit(term)
+    return found
 
 
 def check(claim: Claim, verdicts: dict[str, str]) -> tuple[str, list[str]]:

@@ -178,52 +178,6 @@ def batch_size_coefficients(term: ir.Node) -> list[str]:
     return [n for n in nonlinear_coefficients(term) if any(w in n for w in _BATCH_SIZE_WORDS)]
 
 
-def batch_nonlinear(term: ir.Node) -> bool:
-    """True when a statistic of the batch (a mean over sequences) enters the
-    term nonlinearly: its square, a product with another per-sequence value
-    (a baseline that includes the sample). Then the large-batch limit is not
-    what the code computes at any batch size, and finite batches are evaluated."""
-    found = False
-
-    def logps(node: ir.Node) -> bool:
-        # A token count (``mask.sum()``) normalises; it is the large-batch
-        # limit's constant, not a statistic of the log-probs.
-        return any(a.role not in (Role.COEFFICIENT, Role.MASK) for a in node.atoms())
-
-    def visit(node: ir.Node) -> bool:
-        """Whether ``node`` is (derived from) a batch statistic of the rows."""
-        nonlocal found
-        if isinstance(node, ir.Reduce):
-            inner = visit(node.arg)
-            if node.mask is not None:
-                visit(node.mask)
-            return inner or (node.axis in (Axis.BATCH, Axis.ALL) and logps(node.arg))
-        if isinstance(node, ir.Unary):
-            inner = visit(node.arg)
-            if inner and node.op not in ("neg", "detach"):
-                found = True
-            return inner
-        if isinstance(node, ir.Binary):
-            left, right = visit(node.left), visit(node.right)
-            if node.op in ("add", "sub"):
-                return left or right
-            if (
-                (node.op == "pow" and left)
-                or (left and logps(node.right))
-                or (right and logps(node.left))
-            ):
-                found = True
-            return left or right
-        if isinstance(node, ir.Clamp):
-            inner = visit(node.arg)
-            found = found or inner
-            return inner
-        return any([visit(c) for c in node.children()])
-
-    visit(term)
-    return found
-
-
 def _discount(node: ir.CumSum) -> ir.Node | None:
     """The discount of a scan (``ret = r + gamma * ret``), None for 1."""
     discount = getattr(node, "discount", None)
