@@ -242,3 +242,24 @@ def test_a_caller_of_a_namesake_in_its_own_file_is_marked_local() -> None:
     )
     [caller] = index["compute_rewards"]
     assert caller.path == "/repo/a.py" and caller.local
+
+
+def test_an_attribute_holding_an_object_is_not_a_function_of_that_name() -> None:
+    """``self.actor_loss_fn = PolicyLoss()``: calling it calls the object's
+    ``forward``, not some ``actor_loss_fn`` defined elsewhere in the package.
+    An attribute given a function (``self.loss_fn = loss_fn``) still names it."""
+    index = index_of(
+        """
+        class Trainer:
+            def __init__(self, loss_fn):
+                self.actor_loss_fn = PolicyLoss()
+                self.loss_fn = loss_fn
+
+            def training_step(self, batch):
+                loss = self.actor_loss_fn(batch["logp"], batch["adv"])
+                loss = loss + self.loss_fn(batch)
+                self.strategy.backward(loss, self.actor, self.optimizer)
+        """
+    )
+    assert "actor_loss_fn" not in index
+    assert index.get("loss_fn") == ["training_step"]

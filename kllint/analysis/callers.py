@@ -343,6 +343,8 @@ def _callee(func: ast.expr, aliases: dict[str, str]) -> str | None:
     if isinstance(func, ast.Name):
         return aliases.get(func.id, func.id)
     if isinstance(func, ast.Attribute):
+        if isinstance(func.value, ast.Name) and func.value.id == "self":
+            return aliases.get(f"self.{func.attr}", func.attr) or None
         return func.attr
     return None
 
@@ -554,12 +556,21 @@ _ALIAS = re.compile(r"(\w+)\s+as\s+(\w+)")
 
 
 def _import_aliases(source: str) -> dict[str, str]:
-    """``from .losses import per_token_terms as terms``: ``terms`` -> ``per_token_terms``."""
-    return {
+    """``from .losses import per_token_terms as terms``: ``terms`` -> ``per_token_terms``.
+    Also ``self.actor_loss_fn`` -> ``""`` for an attribute the file sets to a
+    new object (``self.actor_loss_fn = PolicyLoss()``): calling it calls that
+    object, not a function of that name elsewhere in the package."""
+    aliases = {
         alias.group(2): alias.group(1)
         for statement in _IMPORT_FROM.finditer(source)
         for alias in _ALIAS.finditer(statement.group(1))
     }
+    for attribute in _OBJECT_ATTRIBUTE.findall(source):
+        aliases[f"self.{attribute}"] = ""
+    return aliases
+
+
+_OBJECT_ATTRIBUTE = re.compile(r"\bself\.(\w+)[ \t]*=[ \t]*[A-Z]\w*\(")
 
 
 _DEF_NAME = re.compile(r"^[ \t]*(?:async[ \t]+)?def[ \t]+(\w+)", re.M)
