@@ -479,9 +479,17 @@ class Interpreter(Calls):
             if self.depth == 0 and isinstance(value, DictVal):
                 # ``return {"advantages": advantages, ...}``: an experience
                 # record as a dict, read back by the loss.
-                for key, item in value.items.items():
-                    if sinks.is_advantage_key(key):
-                        self.advantage_sink(small, item, f"the advantages returned as `{key}`")
+                keys = [k for k in value.items if sinks.is_advantage_key(k)] or [
+                    # REINFORCE-style: the returns are the advantages when no
+                    # advantages are returned beside them.
+                    k
+                    for k in value.items
+                    if roles.words(k) == ["returns"]
+                ]
+                for key in keys:
+                    self.advantage_sink(
+                        small, value.items[key], f"the advantages returned as `{key}`"
+                    )
             return True
         elif isinstance(small, cst.Raise):
             return True
