@@ -16,7 +16,7 @@ from pathlib import Path
 import libcst as cst
 from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 
-from kllint.analysis import ir
+from kllint.analysis import ir, lowering
 from kllint.analysis.gradient import Unsupported, profile
 from kllint.analysis.interpreter import (
     FileContext,
@@ -64,8 +64,6 @@ def check_source(
     if not must_analyse(source, configured):
         return []  # cannot hold a KL term: not even parsed
     clear_defaults()
-    _ASSUMED_LIVE.clear()
-    _KEPT.clear()
     module, sinks = interpret(source, path, project, roles, whole=whole)
     verdicts = _verdicts(sinks, path)
     clear_caches()
@@ -123,7 +121,7 @@ def kl_sites(sinks: list[Sink], path: str) -> Iterator[KLSite]:
     """Every KL site of the sinks, as the rules see them, correct or not
     (``--fix`` confirms a rewritten expression from these)."""
     for sink in _judged(sinks):
-        for branch, loss in _losses(sink):
+        for branch, loss in _losses(sink, path):
             yield from _sites(sink, branch, loss, kl_terms(loss), path)
 
 
@@ -158,17 +156,18 @@ def _judged(sinks: list[Sink]) -> list[Sink]:
     return sorted(kept, key=lambda s: not s.strong)
 
 
-def _losses(sink: Sink) -> Iterator[tuple[str, ir.Node]]:
+def _losses(sink: Sink, path: str) -> Iterator[tuple[str, ir.Node]]:
     """The loss on each path to a sink. A loss that reaches ``.backward()``
     with no gradient path at all cannot be what runs (backward would raise):
     the policy's log-probs kllint took for stored ones (``mb["log_probs"]``)
     are read as carrying their gradient, and the findings say so."""
     for branch, loss in _alternatives(sink.value):
         if sink.backward and not ir.depends_on_policy(loss) and not _may_have_gradient(loss):
-            live = ir.substitute(
+            assumed = ir.Origin(path, assumed=_LIVE_LOG_PROBS)
+            loss = ir.substitute(
                 loss,
                 {
-                    id(n): n.arg
+                    id(n): replace(n.arg, origin=assumed)
                     for n in loss.walk()
                     if isinstance(n, ir.Unary)
                     and n.op == "detach"
@@ -176,31 +175,20 @@ def _losses(sink: Sink) -> Iterator[tuple[str, ir.Node]]:
                     and n.arg.role is ir.Role.POLICY_LOGP
                 },
             )
-            if live is not loss:
-                _ASSUMED_LIVE.add(id(live))
-                _KEPT.append(live)
-                loss = live
         yield branch, loss
 
 
 def _may_have_gradient(loss: ir.Node) -> bool:
     """An opaque value outside any detach, other than a new tensor of
     constants (the ``torch.zeros(())`` a running total starts from)."""
-    fresh = [n for n in loss.walk() if isinstance(n, ir.Opaque) and n.reason in _FRESH_TENSORS]
+    fresh = [n for n in loss.walk() if lowering.is_new_constant_tensor(n)]
     if not fresh:
         return ir.has_unknown_gradient(loss)
     return ir.has_unknown_gradient(ir.substitute(loss, {id(n): ir.Const(0.0) for n in fresh}))
 
 
-_FRESH_TENSORS = frozenset({".zeros()", ".ones()", ".zeros_like()", ".ones_like()", ".full()"})
-
-
-# Losses whose policy log-probs were read as live (by id; kept while the file
-# is judged, so an id is not reused).
-_ASSUMED_LIVE: set[int] = set()
-_KEPT: list[ir.Node] = []
-LIVE_NOTE = (
-    "assumed: the policy's log-probs read from the batch carry their gradient "
+_LIVE_LOG_PROBS = (
+    "the policy's log-probs read from the batch carry their gradient "
     "(the loss reaches backward and has no other gradient path)"
 )
 
@@ -233,7 +221,7 @@ def _verdicts(sinks: list[Sink], path: str) -> list[_Verdict]:
     best: dict[tuple[str, int], _Verdict] = {}
     cleared: set[int] = set()  # estimates whose loss is right as a whole
     for sink in _judged(sinks):
-        for branch, loss in _losses(sink):
+        for branch, loss in _losses(sink, path):
             terms = kl_terms(loss)
             if len(terms) > 1 and _correct_together(terms):
                 # A k3 reward and a k3 loss in the same loss ("both" in
@@ -245,8 +233,6 @@ def _verdicts(sinks: list[Sink], path: str) -> list[_Verdict]:
                 if all(ir.depends_on_policy(t) for t in terms):
                     continue
             for site in _sites(sink, branch, loss, terms, path):
-                if id(loss) in _ASSUMED_LIVE and LIVE_NOTE not in site.origin.notes:
-                    site.origin.notes.append(LIVE_NOTE)
                 for rule in RULES.values():
                     if rule.check(site):
                         key = (rule.code, id(site.origin.cst_node))

@@ -310,10 +310,8 @@ class Expressions(Frame):
             setting = self.setting_in_init(attr)
             if setting is not None:
                 return setting
-            bound = self.callable_in_init(attr)
-            if bound is not None:
-                return bound
-            constant = self.class_setting(attr)
+            assert self.self_class is not None
+            constant = selectors.class_setting(self.context.project, *self.self_class, attr)
             if constant is not None:
                 return constant
         if isinstance(base, (ir.Node, Choice)) and not isinstance(base, ir.Opaque):
@@ -394,10 +392,14 @@ class Expressions(Frame):
             return None
         return self.instantiate(found[0], found[1], call, arguments)
 
-    def setting_in_init(self, attr: str) -> Py | ir.Atom | None:
+    def setting_in_init(self, attr: str) -> Py | ir.Atom | FuncRef | None:
         """``self.kl_type`` set once, in ``__init__``, from the settings it was
-        given (``KLType(cfg.get("kl_type", KLType.K3))``): the selector that
-        expression reads, with ``__init__``'s parameters unknown."""
+        given, with ``__init__``'s parameters unknown: the selector it reads
+        (``KLType(cfg.get("kl_type", KLType.K3))``), a number of the settings
+        (``cfg["reference_policy_kl_penalty"]``: a coefficient without
+        gradient, whatever words it is named by), or a function of the
+        project with arguments given in advance
+        (``functools.partial(approx_kl, estimator=args.kl_estimator)``)."""
         assert self.cls is not None
         init = self.cls.methods.get("__init__")
         if init is None or not isinstance(init.body, cst.IndentedBlock):
@@ -414,39 +416,10 @@ class Expressions(Frame):
         if isinstance(value, Py) and isinstance(value.value, str):
             return value
         if isinstance(assigned[0], cst.Subscript) and _from_settings(value):
-            # ``cfg["reference_policy_kl_penalty"]``: a number of the settings,
-            # a coefficient without gradient, whatever words it is named by.
             return ir.Atom(Role.COEFFICIENT, f"self.{attr}")
+        if isinstance(assigned[0], cst.Call) and isinstance(value, FuncRef):
+            return value
         return None
-
-    def class_setting(self, attr: str) -> Py | None:
-        """``self.DIVERGENCE`` where the class body says ``DIVERGENCE =
-        "reverse_kl"`` (or a base's does) and no method assigns it: a
-        setting of the class, like a config field's default."""
-        assert self.self_class is not None
-        cls, module = self.self_class
-        found = selectors.class_setting(self.context.project, cls, module, attr)
-        return found
-
-    def callable_in_init(self, attr: str) -> FuncRef | None:
-        """``self.kl_fn`` set once, in ``__init__``, to a function of the
-        project with arguments given in advance from the settings
-        (``functools.partial(approx_kl, estimator=args.kl_estimator)``):
-        that function, as ``__init__`` binds it."""
-        assert self.cls is not None
-        init = self.cls.methods.get("__init__")
-        if init is None or not isinstance(init.body, cst.IndentedBlock):
-            return None
-        assigned = _init_assignments(init).get(attr, [])
-        if (
-            len(assigned) != 1
-            or not isinstance(assigned[0], cst.Call)
-            or not _reads_only_settings_of_self(assigned[0])
-            or not selectors.assigned_once(self.module, self.cls, attr)
-        ):
-            return None
-        (value,) = self.eval_in_init(init, assigned)
-        return value if isinstance(value, FuncRef) else None
 
     def eval_in_init(
         self, init: cst.FunctionDef, expressions: Sequence[cst.BaseExpression]

@@ -480,11 +480,7 @@ class Interpreter(Calls):
                 # ``return {"advantages": advantages, ...}``: an experience
                 # record as a dict, read back by the loss.
                 keys = [k for k in value.items if sinks.is_advantage_key(k)] or [
-                    # REINFORCE-style: the returns are the advantages when no
-                    # advantages are returned beside them.
-                    k
-                    for k in value.items
-                    if roles.words(k) == ["returns"]
+                    k for k in value.items if sinks.is_returns_key(k)
                 ]
                 for key in keys:
                     self.advantage_sink(

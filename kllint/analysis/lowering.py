@@ -464,6 +464,16 @@ def _method_registry() -> dict[str, MethodLowering]:
 
 TENSOR_METHODS: dict[str, MethodLowering] = _method_registry()
 
+# New tensors of constants (``torch.zeros(())``, the start of a running
+# total): kllint keeps them opaque, but they carry no gradient.
+_NEW_CONSTANT_TENSORS = frozenset(
+    f".{name}()" for name in ("zeros", "ones", "zeros_like", "ones_like", "full")
+)
+
+
+def is_new_constant_tensor(node: ir.Node) -> bool:
+    return isinstance(node, ir.Opaque) and node.reason in _NEW_CONSTANT_TENSORS
+
 
 def tensor_method(at: TorchCall, name: str, receiver: Value, args: Args, kwargs: Kwargs) -> Value:
     """``receiver.name(*args, **kwargs)`` on a tensor."""

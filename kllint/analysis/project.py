@@ -307,23 +307,13 @@ class Project:
         if known is not None and known[0] is cls:
             self.read_paths.update(known[2])
             return known[1]
-        seen: set[int] = set()
         read: set[str] = set()
-        queue: list[tuple[ClassInfo, ModuleInfo]] = [(cls, module)]
         found_ref = None
-        while queue:
-            current, where = queue.pop(0)
-            if id(current) in seen:
-                continue
-            seen.add(id(current))
+        for current, where in self.lineage(cls, module):
             read.add(str(where.path))
             if name in current.methods:
                 found_ref = FuncRef(current.methods[name], where, current, bound=True)
                 break
-            for base in current.bases:
-                found = self.class_named(base, where)
-                if found is not None:
-                    queue.append(found)
         self._methods[key] = (cls, found_ref, frozenset(read))
         return found_ref
 
@@ -333,18 +323,25 @@ class Project:
         """The methods ``cls`` inherits from base classes of the project and
         does not override, nearest definition first: each name with the
         class and module that define it (not parsed here)."""
-        seen_classes: set[int] = {id(cls)}
         seen_names = set(cls.methods)
-        queue = [found for base in cls.bases if (found := self.class_named(base, module))]
-        while queue:
-            current, where = queue.pop(0)
-            if id(current) in seen_classes:
-                continue
-            seen_classes.add(id(current))
-            for name in list(current.methods):
+        for current, where in self.lineage(cls, module):
+            for name in list(current.methods) if current is not cls else []:
                 if name not in seen_names:
                     seen_names.add(name)
                     yield name, current, where
+
+    def lineage(self, cls: ClassInfo, module: ModuleInfo) -> Iterator[tuple[ClassInfo, ModuleInfo]]:
+        """``cls``, then its base classes of the project (this module's or
+        imported), nearest first, each once, with the module of each. A
+        class's bases are resolved only once it has been looked at."""
+        seen: set[int] = set()
+        queue: list[tuple[ClassInfo, ModuleInfo]] = [(cls, module)]
+        while queue:
+            current, where = queue.pop(0)
+            if id(current) in seen:
+                continue
+            seen.add(id(current))
+            yield current, where
             queue.extend(
                 found for base in current.bases if (found := self.class_named(base, where))
             )

@@ -133,30 +133,25 @@ def class_setting(project: Project, cls: ClassInfo, module: ModuleInfo, attr: st
     ``attr``, when no line of the class assigns ``self.attr``. Asked of
     every ``self.x`` read: only for a name that can choose an estimator
     (``DIVERGENCE``, ``kl_type``), not ``self.model``."""
-    lowered = attr.lower()
-    if not (
-        attr.isupper()
-        or set(roles.words(attr)) & SELECTOR_WORDS
-        or any(part in lowered for part in KL_CONDITION_PARTS)
-    ):
+    if not (attr.isupper() or _names_a_selector(attr)):
         return None
-    seen: set[int] = set()
-    queue = [(cls, module)]
-    while queue:
-        current, where = queue.pop(0)
-        if id(current) in seen:
-            continue
-        seen.add(id(current))
+    for current, where in project.lineage(cls, module):
         value = _class_literal(current, attr)
         if value is not None:
-            if not isinstance(value, str) or re.search(
-                rf"self\.{re.escape(attr)}\s*(?:[-+*/]?=)(?!=)", _class_text(module, cls)
-            ):
+            if not isinstance(value, str) or _self_assignments(module, cls, attr):
                 return None
             line = where.line_of_class(current.name)
             return Py(value, source=f"`{current.name}.{attr}` ({where.path.name}:{line})")
-        queue.extend(found for base in current.bases if (found := project.class_named(base, where)))
     return None
+
+
+def _names_a_selector(attr: str) -> bool:
+    """``kl_estimator``, ``kl_type``, ``divergence``: a setting named like
+    one that chooses an estimator."""
+    lowered = attr.lower()
+    return bool(set(roles.words(attr)) & SELECTOR_WORDS) or any(
+        part in lowered for part in KL_CONDITION_PARTS
+    )
 
 
 def _class_literal(cls: ClassInfo, attr: str) -> str | int | None:
@@ -301,8 +296,13 @@ def _member_value(
 
 def assigned_once(module: ModuleInfo, cls: ClassInfo, attr: str) -> bool:
     """No line of the class but one assigns ``self.attr``."""
+    return _self_assignments(module, cls, attr) == 1
+
+
+def _self_assignments(module: ModuleInfo, cls: ClassInfo, attr: str) -> int:
+    """How many lines of the class assign ``self.attr``."""
     assigned = rf"self\.{re.escape(attr)}\s*(?:[-+*/]?=)(?!=)"
-    return len(re.findall(assigned, _class_text(module, cls))) == 1
+    return len(re.findall(assigned, _class_text(module, cls)))
 
 
 def _passed_in(project: Project, module: ModuleInfo, cls: ClassInfo, attr: str) -> bool:
@@ -311,11 +311,7 @@ def _passed_in(project: Project, module: ModuleInfo, cls: ClassInfo, attr: str) 
     of a setting named like a KL selector (``kl_estimator``, ``kl_type``):
     every ``self.x`` of a model is looked up, and the package's constructor
     calls are scanned only when one can matter."""
-    lowered = attr.lower()
-    if not (
-        set(roles.words(attr)) & SELECTOR_WORDS
-        or any(part in lowered for part in KL_CONDITION_PARTS)
-    ):
+    if not _names_a_selector(attr):
         return False
     parameter = _init_parameter(cls, attr)
     return parameter is not None and project.builds_passing(module.path, cls.name, parameter)

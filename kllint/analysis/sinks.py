@@ -165,7 +165,13 @@ def stored_returns(target: cst.BaseExpression) -> str | None:
     REINFORCE-style loss reads back as its advantages when no advantages
     are stored beside them (beside them, returns are a critic's targets)."""
     key = _stored_key(target)
-    return code(target) if key is not None and roles.words(key) == ["returns"] else None
+    return code(target) if key is not None and is_returns_key(key) else None
+
+
+def is_returns_key(name: str) -> bool:
+    """``"returns"``: what a REINFORCE-style loss weights the log-probs by
+    when no advantages are kept beside them."""
+    return roles.words(name) == ["returns"]
 
 
 def stored_rewards(target: cst.BaseExpression) -> str | None:
