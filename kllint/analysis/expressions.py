@@ -152,7 +152,9 @@ class Expressions(Frame):
 
     def eval_dict_comprehension(self, expr: cst.DictComp) -> Value:
         """``{k: v[idx] for k, v in batch.items()}`` over a known dict (a
-        minibatch cut from a rollout): the same entries, each transformed."""
+        minibatch cut from a rollout): the same entries, each transformed. Of
+        a batch kllint does not hold, the entries written into it
+        (``data["advantages"] = ...``) are the ones it knows."""
         loop = expr.for_in
         source = loop.iter
         if (
@@ -166,6 +168,8 @@ class Expressions(Frame):
             and all(isinstance(e.value, cst.Name) for e in loop.target.elements)
         ):
             table = self.eval(source.func.value)
+            if isinstance(table, Unknown) and self.context.entries(table):
+                table = DictVal(self.context.entries(table))
             if isinstance(table, DictVal):
                 key_name = loop.target.elements[0].value.value  # type: ignore[attr-defined]
                 value_name = loop.target.elements[1].value.value  # type: ignore[attr-defined]
@@ -399,7 +403,9 @@ class Expressions(Frame):
         (``cfg["reference_policy_kl_penalty"]``: a coefficient without
         gradient, whatever words it is named by), or a function of the
         project with arguments given in advance
-        (``functools.partial(approx_kl, estimator=args.kl_estimator)``)."""
+        (``functools.partial(approx_kl, estimator=args.kl_estimator)``), the
+        function itself (``self.kl_fn = _k3``) or a registry's entry for a
+        setting (``KL_ESTIMATORS[config.estimator]``)."""
         assert self.cls is not None
         init = self.cls.methods.get("__init__")
         if init is None or not isinstance(init.body, cst.IndentedBlock):
@@ -407,7 +413,7 @@ class Expressions(Frame):
         assigned = _init_assignments(init).get(attr, [])
         if (
             len(assigned) != 1
-            or not isinstance(assigned[0], (cst.Call, cst.Subscript))
+            or not isinstance(assigned[0], (cst.Call, cst.Subscript, cst.Name))
             or not _reads_only_settings_of_self(assigned[0])
             or not selectors.assigned_once(self.module, self.cls, attr)
         ):
@@ -417,7 +423,7 @@ class Expressions(Frame):
             return value
         if isinstance(assigned[0], cst.Subscript) and _from_settings(value):
             return ir.Atom(Role.COEFFICIENT, f"self.{attr}")
-        if isinstance(assigned[0], cst.Call) and isinstance(value, FuncRef):
+        if isinstance(value, FuncRef):
             return value
         return None
 

@@ -73,6 +73,12 @@ class FileContext:
         entry = self.written.get(id(held))
         return entry[1].get(key) if entry is not None and entry[0] is held else None
 
+    def entries(self, container: Value) -> dict[str, Value]:
+        """Everything written by key into a container kllint does not hold."""
+        held = _held(container)
+        entry = self.written.get(id(held))
+        return dict(entry[1]) if entry is not None and entry[0] is held else {}
+
 
 def _held(container: Value) -> object:
     """What a write by key is kept under: the container's own value, or the

@@ -898,6 +898,15 @@ class Interpreter(Calls):
         was most of kllint's time."""
         if any(roles.may_carry_kl(v) for v in (*bound.values(), *ref.preset_args)):
             return True
+        if any(
+            sinks.may_hold_kl(entry)
+            for v in bound.values()
+            if isinstance(v, Unknown)
+            for entry in self.context.entries(v).values()
+        ):
+            # A batch the caller wrote a KL penalty into (``data["token_level_rewards"]``):
+            # what the helper computes from it (advantages) carries the KL.
+            return True
         if ref.receiver is not None and any(
             roles.may_carry_kl(v) for v in ref.receiver.built().values()
         ):

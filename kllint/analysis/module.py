@@ -4,6 +4,7 @@ file with a shallow walk of the top level (no metadata providers)."""
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -201,6 +202,8 @@ class ModuleInfo:
         self.constants: dict[str, cst.BaseExpression] = {}
         if module is not None:
             self._collect(module.body)
+            for registry, literal in decorator_registries(source).items():
+                self.constants[registry] = cst.parse_expression(literal)
 
     @property
     def module(self) -> cst.Module:
@@ -225,6 +228,9 @@ class ModuleInfo:
         info.classes = Definitions()
         info.constants = Definitions()
         _Pieces(info, source.split("\n")).collect(tree.body)
+        for registry, literal in decorator_registries(source, tree).items():
+            filled: Any = _Pending(functools.partial(cst.parse_expression, literal))
+            info.constants[registry] = filled
         return info
 
     def line_of_def(self, name: str) -> int:
@@ -299,6 +305,70 @@ class ModuleInfo:
         ):
             # ``KL_LOSSES: Dict[str, Callable] = {"k1": _k1, ...}``
             self.constants[small.target.value] = small.value
+
+
+# ``KL_ESTIMATORS: Dict[str, KLFn] = {}`` at the top of a file that also
+# decorates functions with a registering factory: cheap to rule out by text.
+_EMPTY_REGISTRY = re.compile(
+    r"^([A-Za-z_]\w*)\s*(?::[^=\n]*)?=\s*(?:\{\s*\}|dict\(\s*\))\s*$", re.M
+)
+
+
+def decorator_registries(source: str, tree: ast.Module | None = None) -> dict[str, str]:
+    """Registries filled by decorators, as the dict literals they amount to.
+
+    ``KL_ESTIMATORS = {}`` with ``def register_kl(*names)`` whose body (or its
+    inner decorator) stores ``KL_ESTIMATORS[name] = fn``, and
+    ``@register_kl("k3", "low_var_kl") def _k3(...)``: after the module runs,
+    ``KL_ESTIMATORS`` is ``{"k3": _k3, "low_var_kl": _k3}``. Only keys the
+    decorator is given as string literals are read; a registry with any other
+    key stays unread.
+    """
+    empty = set(_EMPTY_REGISTRY.findall(source))
+    if not empty or "@" not in source:
+        return {}
+    if tree is None:
+        try:
+            tree = ast.parse(source)
+        except SyntaxError:
+            return {}
+    fillers: dict[str, str] = {}  # decorator factory -> the registry it fills
+    for statement in tree.body:
+        if not isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for node in ast.walk(statement):
+            if not isinstance(node, ast.Assign):
+                continue
+            for target in node.targets:
+                if (
+                    isinstance(target, ast.Subscript)
+                    and isinstance(target.value, ast.Name)
+                    and target.value.id in empty
+                ):
+                    fillers[statement.name] = target.value.id
+    entries: dict[str, list[tuple[str, str]]] = {}
+    for statement in tree.body:
+        if not isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            continue
+        for decorator in statement.decorator_list:
+            if not (
+                isinstance(decorator, ast.Call)
+                and isinstance(decorator.func, ast.Name)
+                and decorator.func.id in fillers
+            ):
+                continue
+            keys = [*decorator.args, *(k.value for k in decorator.keywords)]
+            registry = fillers[decorator.func.id]
+            for key in keys:
+                if isinstance(key, ast.Constant) and isinstance(key.value, str):
+                    entries.setdefault(registry, []).append((key.value, statement.name))
+                else:
+                    entries.setdefault(registry, []).append(("", ""))
+    return {
+        registry: "{" + ", ".join(f"{key!r}: {fn}" for key, fn in pairs) + "}"
+        for registry, pairs in entries.items()
+        if all(key for key, _ in pairs)
+    }
 
 
 def _unpacked(
