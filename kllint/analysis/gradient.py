@@ -175,6 +175,10 @@ def _evaluate_uncached(
         values, per_token = _evaluate(node.arg, point, memo, detached or node.op == "detach")
         return [_dual_unary(node.op, d) for d in values], per_token
     if isinstance(node, ir.Binary):
+        if detached and ir.is_batch_mean(node):
+            # ``sum(x * mask) / sum(mask)`` over the whole batch (a whitening's
+            # mean and variance): over a large batch, a constant.
+            return [Dual.const(_WEIGHT, n)], False
         left, right, per_token = _broadcast(
             _evaluate(node.left, point, memo, detached),
             _evaluate(node.right, point, memo, detached),

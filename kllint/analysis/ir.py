@@ -411,3 +411,50 @@ def substitute(node: Node, mapping: dict[int, Node]) -> Node:
 
 def contains(node: Node, target: Node) -> bool:
     return any(n is target for n in node.walk())
+
+
+def is_batch_mean(node: Node) -> bool:
+    """``sum(x * mask) / sum(mask)`` over the whole batch (a whitening's mean
+    and variance): in a detached weight, over a large batch, a constant."""
+
+    def batch_sum(side: Node) -> bool:
+        if isinstance(side, Clamp):  # ``mask.sum().clamp(min=1.0)``
+            side = side.arg
+        return isinstance(side, Reduce) and side.kind == "sum" and side.axis is not Axis.TIME
+
+    if not (isinstance(node, Binary) and node.op == "div" and batch_sum(node.left)):
+        return False
+    # A count kllint cannot read (``mask.sum()`` of a mask of ones) divides a
+    # sum over every token of every sample.
+    return batch_sum(node.right) or (
+        isinstance(node.right, Opaque)
+        and isinstance(node.left, Reduce)
+        and node.left.axis is Axis.ALL
+    )
+
+
+def is_batch_statistic(node: Node) -> bool:
+    """A whitening's parts: a detached batch mean, or a scale made of one
+    (``torch.rsqrt(var + eps)``, ``1 / (std + eps)``). (A batch mean that
+    carries gradient is a loss: ``beta * masked_mean(kl, mask)``.)"""
+    detached = False
+    while True:
+        if detached and is_batch_mean(node):
+            return True
+        if isinstance(node, Unary) and node.op in ("detach", "sqrt"):
+            detached = detached or node.op == "detach"
+            node = node.arg
+        elif (
+            isinstance(node, Binary)
+            and node.op in ("add", "sub", "mul", "div")
+            and isinstance(node.left, Const)
+        ):
+            node = node.right
+        elif (
+            isinstance(node, Binary)
+            and node.op in ("add", "sub", "mul", "div", "pow")
+            and isinstance(node.right, Const)
+        ):
+            node = node.left
+        else:
+            return False

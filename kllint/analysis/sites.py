@@ -177,6 +177,13 @@ def _past_factor(node: ir.Node) -> ir.Node | None:
     (a coefficient, a mask, an importance ratio), else None."""
     if isinstance(node, ir.Binary) and node.op in ("mul", "div") and not _has_reference(node.right):
         return node.left
+    if (
+        isinstance(node, ir.Binary)
+        and node.op in ("mul", "div", "sub")
+        and _has_reference(node.left)
+        and ir.is_batch_statistic(node.right)
+    ):
+        return node.left  # whitened: ``(x - mean) * torch.rsqrt(var + eps)``
     if isinstance(node, ir.Binary) and node.op == "mul" and not _has_reference(node.left):
         return node.right
     return None
@@ -278,6 +285,10 @@ def focus_of(term: ir.Node) -> ir.Node:
             # ``kl_loss = kl_loss + chunk_kl.sum()`` in a loop): the term is
             # what is accumulated, written where each chunk's estimate is.
             node = node.right
+        elif isinstance(node, ir.Binary) and node.op == "add" and _times_zero(node.right):
+            # GAE's first step: ``delta + gamma * lam * lastgaelam`` with
+            # ``lastgaelam = 0``.
+            node = node.left
         elif (
             isinstance(node, (ir.Reduce, ir.CumSum))
             or (isinstance(node, ir.Unary) and node.op in ("neg", "detach"))
@@ -326,6 +337,19 @@ def _written_apart(term: ir.Node, weighted: ir.Binary) -> bool:
 
 def _zero(node: ir.Node) -> bool:
     return isinstance(node, ir.Const) and node.value == 0
+
+
+def _times_zero(node: ir.Node) -> bool:
+    return (
+        isinstance(node, ir.Binary)
+        and node.op == "mul"
+        and (
+            _zero(node.left)
+            or _zero(node.right)
+            or _times_zero(node.left)
+            or _times_zero(node.right)
+        )
+    )
 
 
 def _has_ratio_factor(term: ir.Node, focus: ir.Node) -> bool:
