@@ -93,17 +93,25 @@ def interpret(
         calls=called_names(source),
     )
     configured = roles.policy or roles.reference or roles.old
-    keep = None if configured else (lambda key: sketch_may_compute_kl(info.sketch, *key))
+
+    def keep(key: tuple[str | None, str]) -> bool:
+        # A constructor is not an entry (below): parsed only for the
+        # functions it defines.
+        cls, name = key
+        if cls is not None and name == "__init__" and not info.constructor_defines_functions(cls):
+            return False
+        return bool(configured) or sketch_may_compute_kl(info.sketch, *key)
+
     for fn, cls in iter_functions(info, keep):
         # A constructor builds an object; what it computes reaches no loss.
         # (Functions nested in it still run; it is still interpreted where
         # an object is built, for the attributes its methods read.)
         if cls is not None and fn.name.value == "__init__":
             continue
-        if may_compute_kl(info, fn, cls, roles):
+        if may_compute_kl(info, fn.name.value, cls, roles):
             Interpreter(context, info, cls).run_function(fn)
     for ref, cls in inherited_hook_callers(project, info):
-        if ref.cls is not None and may_compute_kl(ref.module, ref.node, ref.cls, roles):
+        if ref.cls is not None and may_compute_kl(ref.module, ref.name, ref.cls, roles):
             late = Interpreter(context, ref.module, ref.cls, self_class=(cls, info))
             late.run_function(ref.node)
     parsed = info.parsed_module

@@ -12,7 +12,7 @@ import libcst as cst
 from kllint.analysis import ir, lowering, roles, selectors
 from kllint.analysis.frame import Frame
 from kllint.analysis.ir import Role
-from kllint.analysis.module import ClassInfo, ModuleInfo, dotted_name
+from kllint.analysis.module import ClassInfo, ModuleInfo, dotted_name, unparsed
 from kllint.analysis.syntax import code, descendants, full_code
 from kllint.analysis.values import (
     Choice,
@@ -244,7 +244,7 @@ class Expressions(Frame):
         if name in ("True", "False", "None"):
             return Py({"True": True, "False": False, "None": None}[name])
         if name in self.module.functions:
-            return FuncRef(self.module.functions[name], self.module)
+            return FuncRef(unparsed(self.module.functions, name), self.module)
         if name in self.module.classes:
             return Unknown(name, (name,), module=None, class_name=name)
         if name in self.module.imports:
@@ -365,6 +365,8 @@ class Expressions(Frame):
         own parameters (``KLLoss(kind="k3")``, ``KLEstimator(config.kl_estimator)``,
         ``DistillLoss(temperature=temperature)``)."""
         assert self.cls is not None
+        if not selectors.builds_object(self.module, self.cls, attr):
+            return None
         init = self.cls.methods.get("__init__")
         if init is None or not isinstance(init.body, cst.IndentedBlock):
             return None
@@ -407,6 +409,10 @@ class Expressions(Frame):
         function itself (``self.kl_fn = _k3``) or a registry's entry for a
         setting (``KL_ESTIMATORS[config.estimator]``)."""
         assert self.cls is not None
+        # Read from the class's text first: ``__init__`` is parsed only for
+        # an attribute the class assigns once.
+        if not selectors.assigned_once(self.module, self.cls, attr):
+            return None
         init = self.cls.methods.get("__init__")
         if init is None or not isinstance(init.body, cst.IndentedBlock):
             return None
@@ -415,7 +421,6 @@ class Expressions(Frame):
             len(assigned) != 1
             or not isinstance(assigned[0], (cst.Call, cst.Subscript, cst.Name))
             or not _reads_only_settings_of_self(assigned[0])
-            or not selectors.assigned_once(self.module, self.cls, attr)
         ):
             return None
         (value,) = self.eval_in_init(init, assigned)

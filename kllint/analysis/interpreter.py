@@ -118,7 +118,7 @@ class Interpreter(Calls):
                 # function analysed on its own, every caller that omits it) does not.
                 self.env[name] = self.eval(param.default)
             else:
-                self.env[name] = self.param_value(name)
+                self.env[name] = self.param_value(name, fn)
         for star in (params.star_arg, params.star_kwarg):
             if isinstance(star, cst.Param):
                 self.env[star.name.value] = Unknown(star.name.value, (star.name.value,))
@@ -134,7 +134,7 @@ class Interpreter(Calls):
             return None
         return choice(self.returns)
 
-    def param_value(self, name: str) -> Value:
+    def param_value(self, name: str, fn: cst.FunctionDef) -> Value:
         unknown = Unknown(name, (name,))
         return self.resolve(unknown, name, keep_unknown=True)
 
@@ -770,9 +770,18 @@ class Interpreter(Calls):
     ) -> Value:
         """Interpret ``ref`` with the call's arguments bound (``evaluated``:
         the arguments' values, when the caller already has them)."""
+        if self.depth >= MAX_DEPTH:
+            return Unknown(code(call), (ref.name,), call=True)
+        if not ref.parsed and ref.receiver is None:
+            # Decided before LibCST parses the function (it is not on the
+            # stack: nothing running is unparsed), on all the call gives it.
+            if evaluated is None:
+                evaluated = [self.eval(arg.value) for arg in call.args]
+            if not self.may_matter(ref, {}, given=evaluated):
+                return Unknown(code(call), (ref.name,), call=True)
         key = id(ref.node)
-        if self.depth >= MAX_DEPTH or key in self.stack:
-            return Unknown(code(call), (ref.node.name.value,), call=True)
+        if key in self.stack:
+            return Unknown(code(call), (ref.name,), call=True)
         bound: dict[str, Value] = {}
         params = ref.node.params
         positional = [*params.posonly_params, *params.params]
@@ -814,12 +823,12 @@ class Interpreter(Calls):
                 bound[positional[index].name.value] = value
                 index += 1
         if not self.may_matter(ref, bound):
-            return Unknown(code(call), (ref.node.name.value,), call=True)
+            return Unknown(code(call), (ref.name,), call=True)
         if unread_splat and not any(_log_probs_in(v) for v in bound.values()):
             # Past a splat kllint cannot read, a helper is followed only when it
             # is given log-probs (a KL term on its way to a loss): elsewhere the
             # cost of following it buys nothing.
-            return Unknown(code(call), (ref.node.name.value,), call=True)
+            return Unknown(code(call), (ref.name,), call=True)
         site = self.call_site or self.origin(call)
         if self.call_site is None:
             site = ir.Origin(
@@ -830,7 +839,7 @@ class Interpreter(Calls):
                 helper_node=ref.node,
                 reported_by_helper=ref.module.path != self.module.path
                 and sinks.is_loss_function(
-                    ref.node.name.value,
+                    ref.name,
                     ref.cls.name if ref.cls else None,
                     _called_in(ref.module),
                 ),
@@ -861,7 +870,7 @@ class Interpreter(Calls):
             depth=self.depth + 1,
             call_site=None if in_place else site,
             stack=(*self.stack, key),
-            function_name=ref.node.name.value,
+            function_name=ref.name,
             # ``self.hook(...)``: the same ``self``, whichever class it is.
             self_class=self.self_class if ref.bound and ref.receiver is None else None,
         )
@@ -881,26 +890,32 @@ class Interpreter(Calls):
             self.call_site is None
             and not site.reported_by_helper
             and sinks.may_hold_kl(result)
-            and not sinks.is_advantage_function(ref.node.name.value)
+            and not sinks.is_advantage_function(ref.name)
             and self.context.project.reports_on(ref.module)
             and sinks.backprop_caller(self.context.project, ref.module.path, ref.node) is not None
         ):
             # A helper some caller backpropagates is judged in its own file,
             # naming that caller: one bug, one finding.
             site.reported_by_helper = True
-        return self.credit_rewards(ref.node.name.value, call, result)
+        return self.credit_rewards(ref.name, call, result)
 
-    def may_matter(self, ref: FuncRef, bound: dict[str, Value]) -> bool:
+    def may_matter(
+        self, ref: FuncRef, bound: dict[str, Value], given: Sequence[Value] = ()
+    ) -> bool:
         """Whether following a call can change a verdict: it is given a
         log-prob (or a callable, or an object that holds one), or the
         function can compute a KL term itself. Most of a trainer (data,
         logging, checkpoints, generation) can do neither; following it
-        was most of kllint's time."""
-        if any(roles.may_carry_kl(v) for v in (*bound.values(), *ref.preset_args)):
+        was most of kllint's time. ``given``: the call's arguments, before
+        they are bound to parameters (a splatted dict or list whole)."""
+        passed = (*bound.values(), *given)
+        if any(
+            roles.may_carry_kl(v) for v in (*passed, *ref.preset_args, *ref.preset_kwargs.values())
+        ):
             return True
         if any(
             sinks.may_hold_kl(entry)
-            for v in bound.values()
+            for v in passed
             if isinstance(v, Unknown)
             for entry in self.context.entries(v).values()
         ):
@@ -911,7 +926,7 @@ class Interpreter(Calls):
             roles.may_carry_kl(v) for v in ref.receiver.built().values()
         ):
             return True
-        return roles.may_compute_kl(ref.module, ref.node, ref.cls, self.context.role_patterns)
+        return roles.may_compute_kl(ref.module, ref.name, ref.cls, self.context.role_patterns)
 
     def credit_rewards(self, name: str, call: cst.Call, result: Value) -> Value:
         """A helper named like an advantage estimator (``compute_gae``) whose
@@ -972,12 +987,12 @@ def _policy_log_probs_in(value: Value) -> bool:
 def _called_as(ref: FuncRef, call: cst.Call) -> str:
     """The name a call uses: an object's ``forward`` is called by the
     attribute holding the object (``self.criterion(...)``)."""
-    if ref.node.name.value in ("forward", "__call__"):
+    if ref.name in ("forward", "__call__"):
         if isinstance(call.func, cst.Attribute):
             return call.func.attr.value
         if isinstance(call.func, cst.Name):
             return call.func.value
-    return ref.node.name.value
+    return ref.name
 
 
 def _time_loop_direction(statement: cst.For | cst.While) -> str | None:
@@ -1058,12 +1073,8 @@ def helper_label(ref: FuncRef) -> str:
         shown = path.relative_to(Path.cwd()).as_posix()
     except ValueError:
         shown = path.as_posix()
-    line = ref.module.line_of_def(ref.node.name.value)
-    return (
-        f"`{ref.node.name.value}` ({shown}:{line})"
-        if line
-        else f"`{ref.node.name.value}` ({shown})"
-    )
+    line = ref.module.line_of_def(ref.name)
+    return f"`{ref.name}` ({shown}:{line})" if line else f"`{ref.name}` ({shown})"
 
 
 def called_names(source: str) -> Counter[str]:

@@ -343,18 +343,33 @@ def structure(node: Node) -> tuple[object, ...]:
     return shape
 
 
+def gradient_structure(node: Node) -> tuple[object, ...]:
+    """A hashable key: equal for trees the gradient analysis cannot tell
+    apart (the same roles and operations, whatever the values are named)."""
+    cached = _GRADIENT_SHAPES.get(id(node))
+    if cached is not None and cached[0] is node:
+        return cached[1]
+    shape = _shape_uncached(node, named=False)
+    _GRADIENT_SHAPES[id(node)] = (node, shape)
+    return shape
+
+
+_GRADIENT_SHAPES: dict[int, tuple[Node, tuple[object, ...]]] = {}
+
+
 def clear_caches() -> None:
     _SHAPES.clear()
+    _GRADIENT_SHAPES.clear()
 
 
-def _shape_uncached(node: Node) -> tuple[object, ...]:
+def _shape_uncached(node: Node, named: bool = True) -> tuple[object, ...]:
     own: tuple[object, ...]
     if isinstance(node, Atom):
-        own = (node.role, node.name, node.level)
+        own = (node.role, node.name, node.level) if named else (node.role, node.level)
     elif isinstance(node, Const):
         own = (node.value,)
     elif isinstance(node, Opaque):
-        own = (node.reason,)
+        own = (node.reason,) if named else ()
     elif isinstance(node, (Unary, Binary)):
         own = (node.op,)
     elif isinstance(node, Clamp):
@@ -367,7 +382,8 @@ def _shape_uncached(node: Node) -> tuple[object, ...]:
         own = ()
     # Children by an interned number: a DAG (``kl = kl + kl``) has a tree
     # shape exponential in its size, and so would hashing nested tuples be.
-    children = tuple(_interned(structure(c)) for c in node.children())
+    shape = structure if named else gradient_structure
+    children = tuple(_interned(shape(c)) for c in node.children())
     return (type(node).__name__, own, children)
 
 

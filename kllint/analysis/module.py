@@ -156,6 +156,11 @@ class Definitions(dict):
     """Definitions by name, each parsed by LibCST when first read: a helper
     file is read for the few functions a call needs, not parsed whole."""
 
+    def __init__(self) -> None:
+        super().__init__()
+        # Constructors with no function defined in them (Python's parser saw it).
+        self.flat: set[str] = set()
+
     def __getitem__(self, name: str) -> Any:
         value = super().__getitem__(name)
         if isinstance(value, _Pending):
@@ -167,6 +172,11 @@ class Definitions(dict):
         # Not ``dict.get``: it would return the pending parse, not the definition.
         return self[name] if name in self else default  # noqa: SIM401
 
+    def unparsed(self, name: str) -> Any:
+        """The definition, or an ``Unparsed`` stand-in while it is not parsed."""
+        value = super().__getitem__(name)
+        return Unparsed(self, name) if isinstance(value, _Pending) else value
+
     def values(self) -> Any:
         return [self[name] for name in self]
 
@@ -177,6 +187,28 @@ class Definitions(dict):
 class _Pending:
     def __init__(self, parse: Callable[[], Any]) -> None:
         self.parse = parse
+
+
+class Unparsed:
+    """A function of ``Definitions`` that LibCST has not parsed yet."""
+
+    def __init__(self, definitions: Definitions, name: str) -> None:
+        self.definitions = definitions
+        self.name = name
+
+    @property
+    def parsed(self) -> bool:
+        return not isinstance(dict.__getitem__(self.definitions, self.name), _Pending)
+
+    def parse(self) -> Any:
+        return self.definitions[self.name]
+
+
+def unparsed(definitions: dict[str, Any], name: str) -> Any:
+    """``definitions[name]``, not parsed yet where it can wait (see ``Unparsed``)."""
+    if isinstance(definitions, Definitions):
+        return definitions.unparsed(name)
+    return definitions[name]
 
 
 class ModuleInfo:
@@ -232,6 +264,13 @@ class ModuleInfo:
             filled: Any = _Pending(functools.partial(cst.parse_expression, literal))
             info.constants[registry] = filled
         return info
+
+    def constructor_defines_functions(self, cls: str) -> bool:
+        """Whether ``cls.__init__`` may define functions of its own; False
+        only when Python's parser saw that it does not."""
+        owner = self.classes.get(cls)
+        methods = owner.methods if owner is not None else None
+        return not (isinstance(methods, Definitions) and "__init__" in methods.flat)
 
     def line_of_def(self, name: str) -> int:
         """The line of ``def name(`` (from the text: no position metadata needed)."""
@@ -388,6 +427,13 @@ def _unpacked(
     ]
 
 
+def _defines_functions(function: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    return any(
+        isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node is not function
+        for node in ast.walk(function)
+    )
+
+
 class _Pieces:
     """The top level of a helper file, from Python's ``ast``, as
     ``ModuleInfo._collect`` reads LibCST's: definitions under ``if`` (both
@@ -408,6 +454,8 @@ class _Pieces:
                 for item in statement.body:
                     if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
                         methods[item.name] = _Pending(self.definition(item))
+                        if item.name == "__init__" and not _defines_functions(item):
+                            methods.flat.add(item.name)
                 bases = [
                     ast.unparse(b) if isinstance(b, (ast.Name, ast.Attribute)) else ""
                     for b in statement.bases

@@ -23,7 +23,7 @@ from pathlib import Path
 import libcst as cst
 
 from kllint.analysis import callers
-from kllint.analysis.module import ClassInfo, ModuleInfo, Sketch, parse_module
+from kllint.analysis.module import ClassInfo, ModuleInfo, Sketch, parse_module, unparsed
 from kllint.analysis.values import FuncRef
 
 _SKIP_DIRS = {
@@ -168,11 +168,16 @@ class Project:
     def add_source(self, path: Path, source: str) -> ModuleInfo | None:
         """A file to lint, read definition by definition (see
         ``ModuleInfo.of_helper``); None when Python's parser rejects it."""
+        resolved = self._resolve(path)
+        known = self._modules.get(resolved)
+        if known is not None and known.source == source:
+            # Read already as another file's helper: its parsed definitions serve.
+            return known
         try:
-            info = ModuleInfo.of_helper(path.resolve(), source)
+            info = ModuleInfo.of_helper(resolved, source)
         except (SyntaxError, ValueError, RecursionError, MemoryError):
             return None
-        self._modules[path.resolve()] = info
+        self._modules[resolved] = info
         return info
 
     def module_at(self, path: Path) -> ModuleInfo | None:
@@ -271,12 +276,12 @@ class Project:
         if imported is None:
             return None
         if name in imported.functions:
-            return FuncRef(imported.functions[name], imported)
+            return FuncRef(unparsed(imported.functions, name), imported)
         target = imported.imports.get(name)
         if target is not None and target.name is not None:
             resolved = self.resolve_module(target.module, imported.path, target.level)
             if resolved is not None and target.name in resolved.functions:
-                return FuncRef(resolved.functions[target.name], resolved)
+                return FuncRef(unparsed(resolved.functions, target.name), resolved)
         return None
 
     def function_at(self, dotted: str, importer: Path) -> FuncRef | None:
@@ -312,7 +317,7 @@ class Project:
         for current, where in self.lineage(cls, module):
             read.add(str(where.path))
             if name in current.methods:
-                found_ref = FuncRef(current.methods[name], where, current, bound=True)
+                found_ref = FuncRef(unparsed(current.methods, name), where, current, bound=True)
                 break
         self._methods[key] = (cls, found_ref, frozenset(read))
         return found_ref

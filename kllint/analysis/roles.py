@@ -18,8 +18,6 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
 
-import libcst as cst
-
 from kllint.analysis import ir
 from kllint.analysis.ir import Level, Role
 from kllint.analysis.module import ClassInfo, FunctionKey, ModuleInfo, Sketch
@@ -611,7 +609,7 @@ def relevant_identifier(identifier: str) -> bool:
 
 def may_compute_kl(
     module: ModuleInfo,
-    fn: cst.FunctionDef,
+    fn: str,
     cls: ClassInfo | None,
     patterns: RolePatterns,
 ) -> bool:
@@ -621,7 +619,7 @@ def may_compute_kl(
     configured by the user)."""
     if patterns.policy or patterns.reference or patterns.old:
         return True
-    return sketch_may_compute_kl(module.sketch, cls.name if cls else None, fn.name.value)
+    return sketch_may_compute_kl(module.sketch, cls.name if cls else None, fn)
 
 
 def sketch_may_compute_kl(sketch: Sketch, cls: str | None, name: str) -> bool:

@@ -252,6 +252,8 @@ def init_default(
     nor when the package builds the class passing that parameter
     (``PolicyLoss(kl_estimator=args.kl_estimator)``): what runs is then the
     caller's setting."""
+    if not assigned_once(module, cls, attr):
+        return None  # read from the class's text: ``__init__`` is not parsed for it
     init = cls.methods.get("__init__")
     parameter = _init_parameter(cls, attr)
     if init is None or parameter is None:
@@ -268,10 +270,8 @@ def init_default(
     if literal is None:
         # ``kl_estimator: KLEstimator = KLEstimator.K2``: the member's value.
         literal = _member_value(module, default, project)
-    if (
-        isinstance(literal, (str, int))
-        and assigned_once(module, cls, attr)
-        and not (project is not None and project.builds_passing(module.path, cls.name, parameter))
+    if isinstance(literal, (str, int)) and not (
+        project is not None and project.builds_passing(module.path, cls.name, parameter)
     ):
         line = module.line_of_class(cls.name)
         return Py(literal, source=f"`{cls.name}.__init__` ({module.path.name}:{line})")
@@ -299,10 +299,32 @@ def assigned_once(module: ModuleInfo, cls: ClassInfo, attr: str) -> bool:
     return _self_assignments(module, cls, attr) == 1
 
 
+def builds_object(module: ModuleInfo, cls: ClassInfo, attr: str) -> bool:
+    """Some line of the class sets ``self.attr = Name(...)``, a class's
+    object (read from its text: ``__init__`` need not be parsed to learn
+    that it builds none)."""
+    key = (module.path, cls.name, attr)
+    known = _BUILDS.get(key)
+    if known is None:
+        built = rf"self\.{re.escape(attr)}\s*=\s*\(?\s*[A-Z]\w*\s*\("
+        known = _BUILDS[key] = re.search(built, _class_text(module, cls)) is not None
+    return known
+
+
+_BUILDS: dict[tuple[Path, str, str], bool] = {}
+
+
 def _self_assignments(module: ModuleInfo, cls: ClassInfo, attr: str) -> int:
     """How many lines of the class assign ``self.attr``."""
-    assigned = rf"self\.{re.escape(attr)}\s*(?:[-+*/]?=)(?!=)"
-    return len(re.findall(assigned, _class_text(module, cls)))
+    key = (module.path, cls.name, attr)
+    count = _ASSIGNMENTS.get(key)
+    if count is None:
+        assigned = rf"self\.{re.escape(attr)}\s*(?:[-+*/]?=)(?!=)"
+        count = _ASSIGNMENTS[key] = len(re.findall(assigned, _class_text(module, cls)))
+    return count
+
+
+_ASSIGNMENTS: dict[tuple[Path, str, str], int] = {}
 
 
 def _passed_in(project: Project, module: ModuleInfo, cls: ClassInfo, attr: str) -> bool:

@@ -394,12 +394,24 @@ def _behaviour_by_contrast(term: ir.Node) -> ir.Node:
     return ir.substitute(term, mapping)
 
 
+def _estimator_name(focus: ir.Node) -> str:
+    key = ir.gradient_structure(focus)
+    if key not in _ESTIMATOR_NAMES:
+        _ESTIMATOR_NAMES[key] = estimator_name(focus)
+    return _ESTIMATOR_NAMES[key]
+
+
+_ESTIMATOR_NAMES: dict[tuple[object, ...], str] = {}
+
+
 def build_site(
     term: ir.Node, sink: str, strong: bool, branch: str, fallback: ir.Origin
 ) -> KLSite | None:
     term = _behaviour_by_contrast(term)
-    key = ir.structure(term)
-    if key not in _PROFILES:  # alternatives of unrelated branches repeat the same term
+    # Alternatives of unrelated branches, and the same estimator in another
+    # function, repeat one gradient.
+    key = ir.gradient_structure(term)
+    if key not in _PROFILES:
         try:
             _PROFILES[key] = profile(term)
         except Unsupported:
@@ -427,7 +439,7 @@ def build_site(
         sink=sink,
         strong_sink=strong,
         profile=gradient_profile,
-        estimator=origin.estimate or estimator_name(focus),
+        estimator=origin.estimate or _estimator_name(focus),
         branch=branch,
         estimate_node=estimate.cst_node,
     )

@@ -16,11 +16,12 @@ import ast
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import cast
 
 import libcst as cst
 
 from kllint.analysis import ir
-from kllint.analysis.module import ClassInfo, ModuleInfo
+from kllint.analysis.module import ClassInfo, ModuleInfo, Unparsed
 
 MAX_OPTIONS = 16
 
@@ -123,7 +124,9 @@ class Instance:
 
 @dataclass
 class FuncRef:
-    node: cst.FunctionDef
+    # The function, or where it is written while LibCST has not parsed it:
+    # most functions a lookup finds are never followed (see ``node``).
+    definition: cst.FunctionDef | Unparsed
     module: ModuleInfo
     cls: ClassInfo | None = None
     bound: bool = False  # called as self.method(...)
@@ -135,6 +138,22 @@ class FuncRef:
     # read when it is called (late, as Python's closures are): ``kl_fn`` and
     # ``cfg`` in a ``loss_fn`` that a factory returns.
     closure: Callable[[], dict[str, Value]] | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def node(self) -> cst.FunctionDef:
+        if isinstance(self.definition, Unparsed):
+            self.definition = cast(cst.FunctionDef, self.definition.parse())
+        return self.definition
+
+    @property
+    def name(self) -> str:
+        if isinstance(self.definition, Unparsed):
+            return self.definition.name
+        return self.definition.name.value
+
+    @property
+    def parsed(self) -> bool:
+        return not (isinstance(self.definition, Unparsed) and not self.definition.parsed)
 
 
 Value = ir.Node | Py | Choice | Seq | DictVal | Flipped | Grouped | Unknown | FuncRef | Instance
