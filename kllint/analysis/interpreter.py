@@ -45,7 +45,7 @@ from kllint.analysis.ir import Role
 from kllint.analysis.module import ClassInfo, ModuleInfo, dotted_name, names_imported
 from kllint.analysis.project import Project
 from kllint.analysis.sinks import Sink
-from kllint.analysis.syntax import code, full_code, string_key
+from kllint.analysis.syntax import chain_names, code, descendants, full_code, string_key
 from kllint.analysis.values import (
     AND,
     HIDDEN,
@@ -135,6 +135,14 @@ class Interpreter(Calls):
         return choice(self.returns)
 
     def param_value(self, name: str, fn: cst.FunctionDef) -> Value:
+        names = self.module.sketch.functions.get(
+            (self.cls.name if self.cls else None, fn.name.value)
+        )
+        role = roles.bare_policy_role(name, names.identifiers if names is not None else ())
+        if role is not None and not _log_probs_taken_of(fn, name):
+            # ``def loss(new, old, ref, advantages, mask)``.
+            atom: ir.Node = ir.Atom(role, name, roles.level_of(name))
+            return ir.detach(atom) if self.no_grad else atom
         unknown = Unknown(name, (name,))
         return self.resolve(unknown, name, keep_unknown=True)
 
@@ -473,6 +481,12 @@ class Interpreter(Calls):
                 )
             elif self.depth == 0 and sinks.may_hold_kl(value):
                 self.caller_sink_from_return(small, value)
+                added = _loss_added_to(small.value)
+                if added is not None:
+                    # ``return pg_loss + self.kl_coef * kl``: what is added to a
+                    # loss and returned with it is that loss too.
+                    shown = f"the value returned by `{self.function_name}` (`{added}` plus more)"
+                    self.add_sink(value, shown, False, small)
             if self.depth == 0 and isinstance(small.value, cst.Call):
                 for shown, field_value in self.record_advantages(small.value):
                     self.advantage_sink(small, field_value, f"the advantages stored as `{shown}`")
@@ -942,6 +956,40 @@ class Interpreter(Calls):
         if isinstance(result, Seq):
             return Seq([item if keep(item) else credited for item in result.items])
         return result if keep(result) else credited
+
+
+def _log_probs_taken_of(fn: cst.FunctionDef, name: str) -> bool:
+    """Whether ``fn`` computes log-probs from its parameter ``name``:
+    ``selective_log_softmax(new, ids)``, ``new.log_softmax(-1)``,
+    ``new.gather(...)`` (unsloth's ``new`` and ``ref`` are logits)."""
+    for node in descendants(fn.body):
+        if not isinstance(node, cst.Call):
+            continue
+        callee = dotted_name(node.func) or ""
+        last = callee.rpartition(".")[2]
+        if not (roles.is_logprob_name(last) or _LOGITS_TO_LOG_PROBS & set(roles.words(last))):
+            continue
+        receiver = node.func.value if isinstance(node.func, cst.Attribute) else None
+        given = [receiver, *(a.value for a in node.args)]
+        if any(g is not None and (chain_names(g)[:1] == [name]) for g in given):
+            return True
+    return False
+
+
+_LOGITS_TO_LOG_PROBS = frozenset({"softmax", "logsumexp", "gather"})
+
+
+def _loss_added_to(returned: cst.BaseExpression | None) -> str | None:
+    """``pg_loss + coef * kl`` (or ``- ...``): the loss-named variable."""
+    if not (
+        isinstance(returned, cst.BinaryOperation)
+        and isinstance(returned.operator, (cst.Add, cst.Subtract))
+    ):
+        return None
+    for side in (returned.left, returned.right):
+        if isinstance(side, cst.Name) and sinks.is_loss_name(side.value):
+            return side.value
+    return None
 
 
 def _rows(value: Value, label: str = "") -> list[tuple[str, Value]]:

@@ -456,6 +456,35 @@ def _logprob_evidence(
     return role, name, prob
 
 
+def bare_policy_role(name: str, mentioned: Iterable[str]) -> Role | None:
+    """``new``, ``old``, ``ref``: a name that says which policy and nothing
+    else, in a function whose code (``mentioned``: its identifiers) works
+    with log-probs: a ratio, an ``exp``, a KL, a log-prob. Such a tensor is
+    that policy's log-probs; elsewhere (a hidden-state MSE, a value clip,
+    a kernel check against a ``ref`` output) it is not read as one.
+    (``ref_model``, ``old_values`` carry another word; logits so named are
+    turned into log-probs first, which the caller checks.)"""
+    role = _BARE_POLICY_NAMES.get(name)
+    if role is None or not any(
+        is_logprob_name(i) or any(w in _LOG_RATIO_WORDS for w in words(i)) for i in mentioned
+    ):
+        return None
+    return role
+
+
+_LOG_RATIO_WORDS = frozenset({"kl", "kld", "kls", "divergence", "exp", "expm1", "ratio", "ratios"})
+
+
+_BARE_POLICY_NAMES = {
+    "new": Role.POLICY_LOGP,
+    "cur": Role.POLICY_LOGP,
+    "curr": Role.POLICY_LOGP,
+    "current": Role.POLICY_LOGP,
+    "ref": Role.REFERENCE_LOGP,
+    "old": Role.OLD_LOGP,
+}
+
+
 def name_logprob(name: str, value: Value, patterns: RolePatterns, *, no_grad: bool) -> Value:
     """A value assigned to a name like ``ref_log_prob``: what a helper did to
     compute a log-prob (a model forward, a gather) does not matter, only
