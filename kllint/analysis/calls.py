@@ -446,6 +446,21 @@ class Calls(Expressions):
             rejoined = _rejoined(self.eval(args[0].value))
             if rejoined is not None:
                 return rejoined
+        if name == "checkpoint" and args:
+            # ``torch.utils.checkpoint.checkpoint(fn, *inputs)``: ``fn(*inputs)``,
+            # its activations recomputed in the backward pass.
+            function = self.eval(args[0].value)
+            if isinstance(function, Unknown) and function.module is not None:
+                function = (
+                    self.context.project.function_at(function.module, self.module.path) or function
+                )
+            if isinstance(function, FuncRef):
+                inputs = [
+                    a
+                    for a in call.args[1:]
+                    if a.keyword is None or a.keyword.value not in _CHECKPOINT_OPTIONS
+                ]
+                return self.inline(function, call, arguments=inputs)
         if name in lowering.OPAQUE_FUNCTIONS:
             return ir.Opaque(f"torch.{name}")
         arg_values = [self.eval(a.value) for a in args]
@@ -730,3 +745,9 @@ def _rejoined(pieces: Value) -> Value | None:
         elif not isinstance(piece, ir.Node) or ir.structure(piece) != ir.structure(first):
             return None
     return first
+
+
+# ``torch.utils.checkpoint.checkpoint``'s own keywords: not the function's.
+_CHECKPOINT_OPTIONS = frozenset(
+    {"use_reentrant", "preserve_rng_state", "context_fn", "determinism_check", "debug"}
+)

@@ -221,7 +221,11 @@ class Frame:
         raise NotImplementedError
 
     def inline(
-        self, ref: FuncRef, call: cst.Call, evaluated: Sequence[Value] | None = None
+        self,
+        ref: FuncRef,
+        call: cst.Call,
+        evaluated: Sequence[Value] | None = None,
+        arguments: Sequence[cst.Arg] | None = None,
     ) -> Value:
         raise NotImplementedError
 

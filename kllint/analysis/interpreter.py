@@ -780,17 +780,24 @@ class Interpreter(Calls):
             self.assign(element, item, node)
 
     def inline(
-        self, ref: FuncRef, call: cst.Call, evaluated: Sequence[Value] | None = None
+        self,
+        ref: FuncRef,
+        call: cst.Call,
+        evaluated: Sequence[Value] | None = None,
+        arguments: Sequence[cst.Arg] | None = None,
     ) -> Value:
         """Interpret ``ref`` with the call's arguments bound (``evaluated``:
-        the arguments' values, when the caller already has them)."""
+        the arguments' values, when the caller already has them;
+        ``arguments``: the ones ``ref`` is given, when not all of the call's
+        are, as in ``checkpoint(fn, x, use_reentrant=False)``)."""
+        given = call.args if arguments is None else arguments
         if self.depth >= MAX_DEPTH:
             return Unknown(code(call), (ref.name,), call=True)
         if not ref.parsed and ref.receiver is None:
             # Decided before LibCST parses the function (it is not on the
             # stack: nothing running is unparsed), on all the call gives it.
             if evaluated is None:
-                evaluated = [self.eval(arg.value) for arg in call.args]
+                evaluated = [self.eval(arg.value) for arg in given]
             if not self.may_matter(ref, {}, given=evaluated):
                 return Unknown(code(call), (ref.name,), call=True)
         key = id(ref.node)
@@ -811,7 +818,7 @@ class Interpreter(Calls):
                 index += 1
         bound.update(ref.preset_kwargs)
         unread_splat = False
-        for position, arg in enumerate(call.args):
+        for position, arg in enumerate(given):
             value = evaluated[position] if evaluated is not None else self.eval(arg.value)
             if arg.star == "**":
                 # ``**self.config.global_batch_info``: the entries kllint can read
