@@ -974,16 +974,13 @@ def _log_probs_taken_of(fn: cst.FunctionDef, name: str) -> bool:
             continue
         callee = dotted_name(node.func) or ""
         last = callee.rpartition(".")[2]
-        if not (roles.is_logprob_name(last) or _LOGITS_TO_LOG_PROBS & set(roles.words(last))):
+        if not roles.makes_log_probs(last):
             continue
         receiver = node.func.value if isinstance(node.func, cst.Attribute) else None
         given = [receiver, *(a.value for a in node.args)]
         if any(g is not None and (chain_names(g)[:1] == [name]) for g in given):
             return True
     return False
-
-
-_LOGITS_TO_LOG_PROBS = frozenset({"softmax", "logsumexp", "gather"})
 
 
 def _loss_added_to(returned: cst.BaseExpression | None) -> str | None:

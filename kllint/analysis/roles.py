@@ -472,6 +472,13 @@ def bare_policy_role(name: str, mentioned: Iterable[str]) -> Role | None:
     return role
 
 
+def makes_log_probs(function: str) -> bool:
+    """A function that turns logits into log-probs: ``log_softmax``,
+    ``selective_log_softmax``, ``gather``, ``logsumexp``, ``get_logps``."""
+    return is_logprob_name(function) or any(w in _LOGITS_TO_LOG_PROBS for w in words(function))
+
+
+_LOGITS_TO_LOG_PROBS = frozenset({"softmax", "logsumexp", "gather"})
 _LOG_RATIO_WORDS = frozenset({"kl", "kld", "kls", "divergence", "exp", "expm1", "ratio", "ratios"})
 
 
