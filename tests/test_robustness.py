@@ -330,9 +330,13 @@ def test_a_report_that_cannot_be_written_is_a_one_line_error(tmp_path: Path) -> 
 
 _SLOW_RUN = textwrap.dedent(
     """\
-    import os, sys, time
+    import os, signal, sys, time
     from kllint import engine
     from kllint.cli import main
+
+    # Ctrl-C as a terminal delivers it, even when the test run itself was
+    # started in the background (which makes its children ignore SIGINT).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
     def slow(source, path, project, roles):
         with open(os.environ["PIDS"], "a") as f:
