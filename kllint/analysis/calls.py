@@ -415,14 +415,20 @@ class Calls(Expressions):
             return not roles.sketch_may_compute_kl(sketch, None, name)
         return sketch.plain_class(name)
 
-    def partial(self, args: list[cst.Arg], kwargs: dict[str, cst.BaseExpression]) -> FuncRef | None:
-        """``functools.partial(kl_penalty, kind="mse")``: the function with
-        arguments given in advance."""
-        function = self.eval(args[0].value)
+    def function_given(self, expr: cst.BaseExpression) -> Value:
+        """A function passed as a value (to ``functools.partial``, to
+        ``checkpoint``): an imported one resolved to its definition."""
+        function = self.eval(expr)
         if isinstance(function, Unknown) and function.module is not None:
             function = (
                 self.context.project.function_at(function.module, self.module.path) or function
             )
+        return function
+
+    def partial(self, args: list[cst.Arg], kwargs: dict[str, cst.BaseExpression]) -> FuncRef | None:
+        """``functools.partial(kl_penalty, kind="mse")``: the function with
+        arguments given in advance."""
+        function = self.function_given(args[0].value)
         if not isinstance(function, FuncRef):
             return None
         return replace(
@@ -449,16 +455,12 @@ class Calls(Expressions):
         if name == "checkpoint" and args:
             # ``torch.utils.checkpoint.checkpoint(fn, *inputs)``: ``fn(*inputs)``,
             # its activations recomputed in the backward pass.
-            function = self.eval(args[0].value)
-            if isinstance(function, Unknown) and function.module is not None:
-                function = (
-                    self.context.project.function_at(function.module, self.module.path) or function
-                )
+            function = self.function_given(args[0].value)
             if isinstance(function, FuncRef):
                 inputs = [
                     a
                     for a in call.args[1:]
-                    if a.keyword is None or a.keyword.value not in _CHECKPOINT_OPTIONS
+                    if a.keyword is None or a.keyword.value not in lowering.CHECKPOINT_OPTIONS
                 ]
                 return self.inline(function, call, arguments=inputs)
         if name in lowering.OPAQUE_FUNCTIONS:
@@ -745,9 +747,3 @@ def _rejoined(pieces: Value) -> Value | None:
         elif not isinstance(piece, ir.Node) or ir.structure(piece) != ir.structure(first):
             return None
     return first
-
-
-# ``torch.utils.checkpoint.checkpoint``'s own keywords: not the function's.
-_CHECKPOINT_OPTIONS = frozenset(
-    {"use_reentrant", "preserve_rng_state", "context_fn", "determinism_check", "debug"}
-)

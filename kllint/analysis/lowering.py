@@ -191,6 +191,11 @@ FunctionLowering = Callable[[TorchCall, Args, Kwargs], "Value | None"]
 NO_GRAD = frozenset({"no_grad", "inference_mode"})
 # Modules without autograd: nothing computed there carries a gradient.
 NON_AUTOGRAD_MODULES = frozenset({"numpy", "np", "math", "jax", "scipy"})
+# ``torch.utils.checkpoint.checkpoint(fn, *inputs, ...)``'s own keywords,
+# not passed to ``fn``.
+CHECKPOINT_OPTIONS = frozenset(
+    {"use_reentrant", "preserve_rng_state", "context_fn", "determinism_check", "debug"}
+)
 # Torch functions whose result is no KL estimate kllint models.
 OPAQUE_FUNCTIONS = frozenset(
     {
