@@ -58,19 +58,46 @@ def check_source(
     ``whole``: parse the whole file with LibCST, so that every node of a
     finding belongs to one tree (the fixer rewrites that tree); otherwise
     only the functions that can compute a KL term are parsed."""
+    return analyse_file(source, path, project, roles, whole=whole).findings
+
+
+@dataclass
+class FileAnalysis:
+    module: cst.Module | None  # None when the file was parsed function by function
+    findings: list[Finding]
+    # Every KL site, correct or not (with ``sites``; the fixer confirms a rewrite from them).
+    sites: list[KLSite] = field(default_factory=list)
+
+
+def analyse_file(
+    source: str,
+    path: str,
+    project: Project,
+    roles: RolePatterns,
+    *,
+    whole: bool = False,
+    sites: bool = False,
+) -> FileAnalysis:
+    """:func:`check_source`, keeping the parsed module and, with ``sites``,
+    the KL sites of the same interpretation (a file the prefilter rejects
+    is then interpreted for its sites all the same)."""
     configured = bool(roles.policy or roles.reference or roles.old)
     # Which helper files this run reports on itself (one bug, one finding).
     project.prefilter = None if configured else may_hold_kl_term
-    if not must_analyse(source, configured):
-        return []  # cannot hold a KL term: not even parsed
+    analysed = must_analyse(source, configured)
+    if not (analysed or sites):
+        return FileAnalysis(None, [])  # cannot hold a KL term: not even parsed
     clear_defaults()
     module, sinks = interpret(source, path, project, roles, whole=whole)
-    verdicts = _verdicts(sinks, path)
+    found = list(kl_sites(sinks, path)) if sites else []
+    verdicts = _verdicts(sinks, path) if analysed else []
     clear_caches()
     if not verdicts:
-        return []
+        return FileAnalysis(module, [], found)
     _place([v.site.origin for v in verdicts], module, source)
-    return sorted((_finding(v) for v in verdicts), key=Finding.sort_key)
+    return FileAnalysis(
+        module, sorted((_finding(v) for v in verdicts), key=Finding.sort_key), found
+    )
 
 
 def interpret(
@@ -367,30 +394,15 @@ def _correct_together(terms: list[ir.Node]) -> bool:
 
 
 def _place(origins: list[ir.Origin], module: cst.Module | None, source: str) -> None:
-    """Positions only for the nodes reported, computed over the code of the
-    function each is in (position metadata over a whole module costs about
-    twice its parse, and trainers are long)."""
-    lines = _LINE_BREAK.split(source)
-    whole: _Positions | None = None
-    by_function: dict[int, _Positions | None] = {}
+    places = Places(module, source)
     for origin in origins:
         node = origin.cst_node
         if node is None:
             continue
-        function = origin.function
-        positions = None
-        if isinstance(function, cst.FunctionDef):
-            if id(function) not in by_function:
-                by_function[id(function)] = _Positions.of_function(function, module, lines)
-            positions = by_function[id(function)]
-        if (positions is None or positions.get(node) is None) and module is not None:
-            whole = whole or _Positions.of_module(module)
-            positions = whole
-        if positions is None:
+        found = places.find(node, origin.function)
+        if found is None:
             continue
-        code_range = positions.get(node)
-        if code_range is None:
-            continue
+        positions, code_range = found
         (origin.line, origin.column), (origin.end_line, origin.end_column) = code_range
         if isinstance(node, cst.BaseExpression) and node.lpar and origin.statement is not None:
             # A parenthesised expression starts at its "(" (positions exclude it).
@@ -399,6 +411,39 @@ def _place(origins: list[ir.Origin], module: cst.Module | None, source: str) -> 
                 origin.line, origin.column = statement_range[0]
         if not origin.code and isinstance(node, cst.CSTNode):
             origin.code = " ".join(_EMPTY_MODULE.code_for_node(node).split())
+
+
+class Places:
+    """Positions only for the nodes asked about, computed over the code of
+    the function each is in (position metadata over a whole module costs
+    about twice its parse, and trainers are long)."""
+
+    def __init__(self, module: cst.Module | None, source: str) -> None:
+        self.module = module
+        self.lines = _LINE_BREAK.split(source)
+        self._whole: _Positions | None = None
+        self._by_function: dict[int, _Positions | None] = {}
+
+    def get(self, node: object, function: object) -> Place | None:
+        """Where ``node`` (written in ``function``) starts and ends."""
+        found = self.find(node, function)
+        return found[1] if found is not None else None
+
+    def find(self, node: object, function: object) -> tuple[_Positions, Place] | None:
+        positions = None
+        if isinstance(function, cst.FunctionDef):
+            if id(function) not in self._by_function:
+                self._by_function[id(function)] = _Positions.of_function(
+                    function, self.module, self.lines
+                )
+            positions = self._by_function[id(function)]
+        if (positions is None or positions.get(node) is None) and self.module is not None:
+            self._whole = self._whole or _Positions.of_module(self.module)
+            positions = self._whole
+        if positions is None:
+            return None
+        code_range = positions.get(node)
+        return None if code_range is None else (positions, code_range)
 
 
 _EMPTY_MODULE = cst.Module(body=[])

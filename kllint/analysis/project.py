@@ -117,13 +117,29 @@ def _literal(text: str) -> object:
             return text
 
 
+@dataclass
+class PackageScans:
+    """What the whole-package scans found (config defaults, constructor calls,
+    callers that backpropagate), per package root. They read the files on
+    disk, never a text under analysis: projects analysing different texts of
+    one file while the disk stays as it is (the fixer's candidate rewrites)
+    can share them."""
+
+    defaults: dict[Path, _PackageDefaults] = field(default_factory=dict)
+    defaults_of: dict[Path, _PackageDefaults] = field(default_factory=dict)
+    constructions: dict[Path, _Constructions] = field(default_factory=dict)
+    # Callers that backpropagate a helper's result, per scanned directory:
+    # built on first use (most files never ask), once per run.
+    backprop: dict[Path, tuple[dict[str, list[callers.Caller]], list[str]]] = field(
+        default_factory=dict
+    )
+
+
 class Project:
-    def __init__(self, roots: Sequence[Path]) -> None:
+    def __init__(self, roots: Sequence[Path], scans: PackageScans | None = None) -> None:
         self.roots = [Path(r) for r in roots]
         self._modules: dict[Path, ModuleInfo | None] = {}
-        self._defaults: dict[Path, _PackageDefaults] = {}
         self._resolved: dict[tuple[str, Path, int], ModuleInfo | None] = {}
-        self._defaults_of: dict[Path, _PackageDefaults] = {}
         self._files: dict[tuple[str, Path, int], Path | None] = {}
         self._sketches: dict[Path, Sketch] = {}
         # Texts of files sketched and not yet parsed.
@@ -131,15 +147,12 @@ class Project:
         # The text test a linted file must pass to be analysed (set by the
         # driver; None when every file is analysed).
         self.prefilter: Callable[[str], bool] | None = None
-        # Callers that backpropagate a helper's result, per scanned directory:
-        # built on first use (most files never ask), once per run.
-        self._backprop: dict[Path, tuple[dict[str, list[callers.Caller]], list[str]]] = {}
+        self.scans = scans if scans is not None else PackageScans()
         # Every file the analysis used since the caller last cleared it (the
         # results cache re-analyses a file when one of these changes).
         self.read_paths: set[str] = set()
         # Package roots whose scanned files are in read_paths, by scan.
         self._noted: set[tuple[str, Path]] = set()
-        self._constructions: dict[Path, _Constructions] = {}
         self._real: dict[Path, Path] = {}
         self._methods: dict[
             tuple[int, int, str], tuple[ClassInfo, FuncRef | None, frozenset[str]]
@@ -357,11 +370,11 @@ class Project:
         """Calls of a function named ``name``, anywhere in the project that
         contains ``importer``, whose result reaches a backward pass."""
         root = self._scan_root(importer)
-        if root not in self._backprop:
+        if root not in self.scans.backprop:
             files = list(_python_files(root))
             sources = [(path, text) for path in files if (text := self._text(path)) is not None]
-            self._backprop[root] = (callers.build_index(sources), files)
-        index, files = self._backprop[root]
+            self.scans.backprop[root] = (callers.build_index(sources), files)
+        index, files = self.scans.backprop[root]
         # Any file may gain or lose a backward pass: each one is a dependency.
         self.read_paths.update(files)
         return index.get(name, [])
@@ -396,15 +409,15 @@ class Project:
         """Every default given to a setting named ``key`` in the package that
         contains ``importer``: argparse options, class-body field defaults
         (dataclasses, pydantic, plain config classes) and YAML keys."""
-        if importer not in self._defaults_of:
+        if importer not in self.scans.defaults_of:
             top = package_base(importer)
             # A script outside a package only sees its own defaults: its
             # siblings are other programs.
             root = _top_package_dir(importer) or importer.resolve()
-            if root not in self._defaults:
-                self._defaults[root] = self._scan_defaults(root, top)
-            self._defaults_of[importer] = self._defaults[root]
-        defaults = self._defaults_of[importer]
+            if root not in self.scans.defaults:
+                self.scans.defaults[root] = self._scan_defaults(root, top)
+            self.scans.defaults_of[importer] = self.scans.defaults[root]
+        defaults = self.scans.defaults_of[importer]
         if ("defaults", defaults.root) not in self._noted:
             self._noted.add(("defaults", defaults.root))
             self.read_paths.update(defaults.files)
@@ -415,9 +428,9 @@ class Project:
         ``class_name`` passing ``parameter`` by keyword
         (``PolicyLoss(kl_estimator=args.kl_estimator)``)."""
         root = _top_package_dir(importer) or importer.resolve()
-        calls = self._constructions.get(root)
+        calls = self.scans.constructions.get(root)
         if calls is None:
-            calls = self._constructions[root] = self._scan_constructions(root)
+            calls = self.scans.constructions[root] = self._scan_constructions(root)
         if ("builds", root) not in self._noted:
             self._noted.add(("builds", root))
             self.read_paths.update(calls.files)

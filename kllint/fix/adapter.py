@@ -8,7 +8,7 @@ are obtained here. If the analysis changes shape, only this module follows.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import libcst as cst
@@ -16,10 +16,10 @@ import libcst as cst
 from kllint.analysis import ir
 from kllint.analysis.gradient import Credit, Direction
 from kllint.analysis.ir import Level, Role
-from kllint.analysis.project import Project
+from kllint.analysis.project import PackageScans, Project
 from kllint.analysis.sites import KLSite
 from kllint.config import Settings
-from kllint.driver import check_source, interpret, kl_sites
+from kllint.driver import Place, Places, analyse_file
 from kllint.findings import Finding
 
 
@@ -44,21 +44,42 @@ class Target:
     inferred_mask: bool = False
 
 
-@dataclass(frozen=True)
+@dataclass
 class Analysis:
+    """One interpretation of a file's text: the module the findings' nodes
+    belong to (the fixer edits that very tree), the findings, and every KL
+    site, correct or not (a rewrite is confirmed from these)."""
+
     module: cst.Module
     findings: list[Finding]
+    sites: list[RewrittenSite]
+    places: Places = field(repr=False)
+
+    def place(self, site: RewrittenSite) -> Place | None:
+        """Where a site's node is, if it is written in this module."""
+        return self.places.get(site.node, site.function) if site.node is not None else None
 
 
-def analyse(source: str, path: str, settings: Settings) -> Analysis:
-    """Lint one file's text with a project of its own, keeping the module the
-    findings' nodes belong to (the fixer edits that very tree). Raises
-    ``libcst.ParserSyntaxError`` when the text does not parse."""
-    project = _project(path, settings)
-    findings = check_source(source, path, project, settings.roles, whole=True)
-    info = project.module_at(Path(path))
-    module = info.module if info is not None else cst.parse_module(source)
-    return Analysis(module, [f for f in findings if f.code in settings.select])
+class Reader:
+    """Analyses texts of the files of one fix run. The disk does not change
+    while a run plans its fixes, so what the analysis reads of other files
+    (package-wide scans) is read once for all the texts tried."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._scans = PackageScans()
+
+    def analyse(self, source: str, path: str) -> Analysis:
+        """Lint one file's text with a project of its own. Raises
+        ``libcst.ParserSyntaxError`` when the text does not parse."""
+        project = Project(list(dict.fromkeys([self.settings.root, Path(path).parent])), self._scans)
+        result = analyse_file(source, path, project, self.settings.roles, whole=True, sites=True)
+        assert result.module is not None  # parsed whole
+        # A loss detached as a whole (``return loss.detach()`` for logging) is
+        # not the value optimised: its sites say nothing of the rewrite.
+        found = [_rewritten(site) for site in result.sites if not site.loss_detached]
+        findings = [f for f in result.findings if f.code in self.settings.select]
+        return Analysis(result.module, findings, found, Places(result.module, source))
 
 
 def target(finding: Finding) -> Target | None:
@@ -94,23 +115,13 @@ class RewrittenSite:
     term: ir.Node
     branch: str
     node: cst.CSTNode | None
+    function: object  # the function the node is written in (where to look for its position)
     statically_correct: bool
     negated: bool  # the gradient of KL(pi||pi_ref) with the wrong sign
     profile: str
     # Judged in the function it is written in (not reached through a caller
     # that inlined that function): the verdict a finding there was given.
     own: bool = True
-
-
-def sites(source: str, path: str, settings: Settings) -> tuple[cst.Module, list[RewrittenSite]]:
-    """Every KL site of a module, correct or not (the rules report only the
-    wrong ones): the fixer confirms the rewritten expression from these."""
-    module, sinks = interpret(source, path, _project(path, settings), settings.roles, whole=True)
-    assert module is not None  # parsed whole
-    # A loss detached as a whole (``return loss.detach()`` for logging) is
-    # not the value optimised: its sites say nothing of the rewrite.
-    found = [_rewritten(site) for site in kl_sites(sinks, path) if not site.loss_detached]
-    return module, found
 
 
 def _rewritten(site: KLSite) -> RewrittenSite:
@@ -120,6 +131,7 @@ def _rewritten(site: KLSite) -> RewrittenSite:
         term=site.term,
         branch=site.branch,
         node=node if isinstance(node, cst.CSTNode) else None,
+        function=site.origin.function,
         statically_correct=p.direction is Direction.KL
         and p.scale > 0
         and (p.credit is Credit.REWARD_TO_GO or not site.has_time_axis),
@@ -130,10 +142,6 @@ def _rewritten(site: KLSite) -> RewrittenSite:
 
 
 _LOGPROBS = (Role.POLICY_LOGP, Role.REFERENCE_LOGP, Role.OLD_LOGP)
-
-
-def _project(path: str, settings: Settings) -> Project:
-    return Project(list(dict.fromkeys([settings.root, Path(path).parent])))
 
 
 def _names(node: ir.Node, role: Role) -> list[str]:

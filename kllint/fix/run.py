@@ -55,11 +55,12 @@ def fix_result(
     (safe fixes, and unsafe ones with ``unsafe``). Nothing is written here."""
     if numeric is None:
         numeric = verify.torch_available()
+    reader = adapter.Reader(settings)
     by_path: dict[str, list[Finding]] = {}
     for finding in result.findings:
         by_path.setdefault(finding.path, []).append(finding)
     return [
-        _fix_file(path, findings, settings, unsafe, numeric)
+        _fix_file(path, findings, reader, unsafe, numeric)
         for path, findings in sorted(by_path.items())
     ]
 
@@ -77,7 +78,7 @@ def remaining(result: LintResult, fixes: list[FileFixes]) -> list[Finding]:
 
 
 def _fix_file(
-    path: str, findings: list[Finding], settings: Settings, unsafe: bool, numeric: bool
+    path: str, findings: list[Finding], reader: adapter.Reader, unsafe: bool, numeric: bool
 ) -> FileFixes:
     source = Path(path).read_bytes().decode("utf-8-sig")
     out = FileFixes(path, source, source)
@@ -86,7 +87,7 @@ def _fix_file(
             _refuse(finding, out, "kllint does not rewrite notebook cells yet")
         return out
     try:
-        analysis = adapter.analyse(source, path, settings)
+        analysis = reader.analyse(source, path)
     except (cst.ParserSyntaxError, OSError) as err:
         for finding in findings:
             _refuse(finding, out, f"the file could not be re-read: {err}")
@@ -102,13 +103,6 @@ def _fix_file(
             continue
         targets.append(t)
     scope = Scope(analysis.module)
-    cached: list[verify.Sites] = []
-
-    def before() -> verify.Sites:  # the original's KL sites, computed once if needed
-        if not cached:
-            cached.append(adapter.sites(source, path, settings))
-        return cached[0]
-
     reported = {id(twin): f for f in findings if (twin := mine.get((f.code, f.line, f.column)))}
     groups: dict[int, list[Target]] = {}  # one fix per bug: findings of one estimate together
     for t in targets:
@@ -137,9 +131,7 @@ def _fix_file(
             except cst.ParserSyntaxError:
                 reason = "the user's names do not form an expression"
                 continue
-            p, e, outcome = _verified(
-                p, path, source, analysis, settings, replan, numeric, before, scope
-            )
+            p, e, outcome = _verified(p, path, source, analysis, reader, replan, numeric, scope)
             if outcome.problem is None:
                 chosen_plan = p
                 break
@@ -173,7 +165,7 @@ def _fix_file(
     ]
     if chosen:
         together = rewrite(analysis.module, chosen)
-        outcome = verify.check_module(path, together, chosen, analysis.findings, settings, replan)
+        outcome = verify.check_module(path, together, chosen, analysis.findings, reader, replan)
         if outcome.problem is None:
             out.new = together
             out.applied = chosen
@@ -263,10 +255,9 @@ def _verified(
     path: str,
     source: str,
     analysis: adapter.Analysis,
-    settings: Settings,
+    reader: adapter.Reader,
     replan: Callable[[adapter.Analysis], str],
     numeric: bool,
-    before: Callable[[], verify.Sites],
     scope: Scope,
 ) -> tuple[Plan, Edit, verify.Outcome]:
     """Checks 1-4 for one plan alone; an estimate written the other way round
@@ -277,11 +268,11 @@ def _verified(
             attempt = negated(p)
         alone = rewrite(analysis.module, [attempt])
         e = edit(source, alone)
-        outcome = verify.check_module(path, alone, [attempt], analysis.findings, settings, replan)
-        if outcome.problem is None:
+        outcome = verify.check_module(path, alone, [attempt], analysis.findings, reader, replan)
+        if outcome.rewritten is not None:
             (line, column), (end_line, end_column) = scope.start(p.node), scope.end(p.node)
             span = ((line, column + 1), (end_line, end_column + 1))
-            outcome = verify.confirm_plan(path, alone, attempt, e, settings, numeric, before, span)
+            outcome = verify.confirm_plan(outcome.rewritten, attempt, e, numeric, analysis, span)
         if not outcome.negated:
             break
     return attempt, e, outcome

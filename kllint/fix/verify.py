@@ -19,10 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import libcst as cst
-from libcst.metadata import MetadataWrapper, PositionProvider
 
 from kllint.analysis import ir
-from kllint.config import Settings
 from kllint.findings import Finding
 from kllint.fix import adapter
 from kllint.fix.apply import Edit, new_span
@@ -49,6 +47,7 @@ class Outcome:
     negated: bool = False  # the rewrite's gradient is KL(pi||pi_ref) with the wrong sign
     confirmation: dict[str, Any] | None = None  # the harness's verdict on the rewrite
     remaining: list[Finding] | None = None  # the findings of the rewritten module
+    rewritten: adapter.Analysis | None = None  # the rewritten module's analysis
 
 
 def check_module(
@@ -56,13 +55,13 @@ def check_module(
     new: str,
     plans: Sequence[Plan],
     old_findings: Sequence[Finding],
-    settings: Settings,
+    reader: adapter.Reader,
     replan: Callable[[adapter.Analysis], str],
 ) -> Outcome:
     """Checks 1-3 for a set of plans applied together."""
     try:
         compile(new, path, "exec", dont_inherit=True)
-        rewritten = adapter.analyse(new, path, settings)
+        rewritten = reader.analyse(new, path)
     except (SyntaxError, ValueError, cst.ParserSyntaxError) as err:
         return Outcome(f"the rewritten module does not parse: {err}")
     fixed = {id(f) for p in plans for f in p.findings}
@@ -79,25 +78,19 @@ def check_module(
         allowed[k] -= 1
     if replan(rewritten) != new:
         return Outcome("applying the fix a second time would change the code again")
-    return Outcome(None, remaining=rewritten.findings)
-
-
-Sites = tuple[cst.Module, list[adapter.RewrittenSite]]
+    return Outcome(None, remaining=rewritten.findings, rewritten=rewritten)
 
 
 def within(
-    sites: Sites, start: tuple[int, int], end: tuple[int, int]
+    analysis: adapter.Analysis, start: tuple[int, int], end: tuple[int, int]
 ) -> list[adapter.RewrittenSite]:
     """The KL sites whose node overlaps the 1-based span ``start``-``end``."""
-    module, found = sites
-    positions = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
     inside = []
-    for site in found:
-        span = positions.get(site.node) if site.node is not None else None
-        if span is None:
+    for site in analysis.sites:
+        place = analysis.place(site)
+        if place is None:
             continue
-        lo = (span.start.line, span.start.column + 1)
-        hi = (span.end.line, span.end.column + 1)
+        lo, hi = place
         if lo < end and start < hi:
             inside.append(site)
     # A helper's code reached through its caller is the same code judged
@@ -107,20 +100,18 @@ def within(
 
 
 def confirm_plan(
-    path: str,
-    new: str,
+    alone: adapter.Analysis,
     plan: Plan,
     edit: Edit,
-    settings: Settings,
     numeric: bool,
-    before: Callable[[], Sites],
+    before: adapter.Analysis,
     old_span: tuple[tuple[int, int], tuple[int, int]],
 ) -> Outcome:
-    """Check 4 for one plan applied alone (``new`` is the module with only it);
-    ``before`` gives the KL sites of the original module, to pair each
+    """Check 4 for one plan applied alone (``alone`` analyses the module with
+    only it); the KL sites of the original module (``before``) pair each
     rewritten term with the original of the same branch found in ``old_span``
     (the replaced node, 1-based)."""
-    rewritten = within(adapter.sites(new, path, settings), *new_span(edit, old_span))
+    rewritten = within(alone, *new_span(edit, old_span))
     if not rewritten:
         return Outcome(
             "the analysis cannot follow the rewritten term to the loss "
@@ -141,7 +132,7 @@ def confirm_plan(
     # The original terms: those at the replaced node, and those the findings
     # report (an estimate fixed where it is used is reported where it is computed).
     spans = [old_span] + [((f.line, f.column), (f.end_line, f.end_column)) for f in plan.findings]
-    originals = {site.branch: site.term for span in spans for site in within(before(), *span)}
+    originals = {site.branch: site.term for span in spans for site in within(before, *span)}
     confirmation: dict[str, Any] | None = None
     for site in rewritten:
         verdict = harness.confirm(site.term, plan.instance)
