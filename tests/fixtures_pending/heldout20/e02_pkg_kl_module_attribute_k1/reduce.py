@@ -1,0 +1,16 @@
+"""Masked reductions shared by the actor and critic losses."""
+
+from typing import Optional
+
+import torch
+
+
+def masked_sum(values: torch.Tensor, mask: torch.Tensor, dim: Optional[int] = None) -> torch.Tensor:
+    if dim is None:
+        return (values * mask).sum()
+    return (values * mask).sum(dim=dim)
+
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor, dim: Optional[int] = None) -> torch.Tensor:
+    count = mask.sum() if dim is None else mask.sum(dim=dim)
+    return masked_sum(values, mask, dim) / count.clamp(min=1)

@@ -1,0 +1,1 @@
+"""PPO actor with a KL penalty module, OpenRLHF style (one fixture: the package)."""
