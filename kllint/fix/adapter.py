@@ -44,7 +44,7 @@ class Target:
     inferred_mask: bool = False
 
 
-@dataclass
+@dataclass(frozen=True)
 class Analysis:
     """One interpretation of a file's text: the module the findings' nodes
     belong to (the fixer edits that very tree), the findings, and every KL

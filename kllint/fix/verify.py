@@ -46,8 +46,7 @@ class Outcome:
     problem: str | None  # why the fix is not offered; None when every check passed
     negated: bool = False  # the rewrite's gradient is KL(pi||pi_ref) with the wrong sign
     confirmation: dict[str, Any] | None = None  # the harness's verdict on the rewrite
-    remaining: list[Finding] | None = None  # the findings of the rewritten module
-    rewritten: adapter.Analysis | None = None  # the rewritten module's analysis
+    rewritten: adapter.Analysis | None = None  # the rewritten module's, once checks 1-3 pass
 
 
 def check_module(
@@ -78,7 +77,7 @@ def check_module(
         allowed[k] -= 1
     if replan(rewritten) != new:
         return Outcome("applying the fix a second time would change the code again")
-    return Outcome(None, remaining=rewritten.findings, rewritten=rewritten)
+    return Outcome(None, rewritten=rewritten)
 
 
 def within(
