@@ -19,7 +19,7 @@ def findings(relative: str) -> list[Finding]:
 
 
 def test_headline_names_the_estimate_and_what_is_wrong() -> None:
-    k3 = next(f for f in findings("corpus/helpers_dispatch.py") if f.line == 64)
+    k3 = next(f for f in findings("corpus/helpers_dispatch.py") if f.line == 69)
     assert k3.code == "KL002"
     assert k3.message == (
         "k3 estimate `logprobs`/`ref_logprobs` differentiated as a loss: gradient of KL(pi_ref||pi)"
@@ -27,17 +27,17 @@ def test_headline_names_the_estimate_and_what_is_wrong() -> None:
 
 
 def test_the_reasoning_sink_and_helper_are_notes() -> None:
-    k3 = next(f for f in findings("corpus/helpers_dispatch.py") if f.line == 64)
+    k3 = next(f for f in findings("corpus/helpers_dispatch.py") if f.line == 69)
     assert k3.notes[0].startswith("autograd gives (1 - exp(-log_ratio)) * grad log pi")
     assert "reaches the loss through the value returned by `loss_literal_low_var_kl`" in k3.notes
     assert any(n.startswith("computed in `kl_estimate` (") for n in k3.notes)
 
 
 def test_a_selector_resolved_from_a_config_default_is_a_note() -> None:
-    k3 = next(f for f in findings("corpus/helpers_dispatch.py") if f.line == 112)
-    assert "kind = 'k3' (default from `TrainerConfig` (helpers_dispatch.py:105))" in k3.notes
+    k3 = next(f for f in findings("corpus/helpers_dispatch.py") if f.line == 117)
+    assert "kind = 'k3' (default from `TrainerConfig` (helpers_dispatch.py:110))" in k3.notes
     assert k3.facts["resolved"] == [
-        "kind = 'k3' (default from `TrainerConfig` (helpers_dispatch.py:105))"
+        "kind = 'k3' (default from `TrainerConfig` (helpers_dispatch.py:110))"
     ]
 
 

@@ -557,20 +557,26 @@ _ALIAS = re.compile(r"(\w+)\s+as\s+(\w+)")
 
 def _import_aliases(source: str) -> dict[str, str]:
     """``from .losses import per_token_terms as terms``: ``terms`` -> ``per_token_terms``.
-    Also ``self.actor_loss_fn`` -> ``""`` for an attribute the file sets to a
-    new object (``self.actor_loss_fn = PolicyLoss()``): calling it calls that
-    object, not a function of that name elsewhere in the package."""
+    Also ``self.kl_penalty`` -> ``TokenKLPenalty.__call__`` for an attribute
+    the file sets to a new object (``self.kl_penalty = TokenKLPenalty(...)``):
+    calling it calls that object (an ``nn.Module``'s ``forward``), not a
+    function of that name elsewhere in the package."""
     aliases = {
         alias.group(2): alias.group(1)
         for statement in _IMPORT_FROM.finditer(source)
         for alias in _ALIAS.finditer(statement.group(1))
     }
-    for attribute in _OBJECT_ATTRIBUTE.findall(source):
-        aliases[f"self.{attribute}"] = ""
+    for attribute, cls in _OBJECT_ATTRIBUTE.findall(source):
+        aliases[f"self.{attribute}"] = instance_call(aliases.get(cls, cls))
     return aliases
 
 
-_OBJECT_ATTRIBUTE = re.compile(r"\bself\.(\w+)[ \t]*=[ \t]*[A-Z]\w*\(")
+def instance_call(cls: str) -> str:
+    """The index's name for calling an object of class ``cls``."""
+    return f"{cls}.__call__"
+
+
+_OBJECT_ATTRIBUTE = re.compile(r"\bself\.(\w+)[ \t]*=[ \t]*([A-Z]\w*)\(")
 
 
 _DEF_NAME = re.compile(r"^[ \t]*(?:async[ \t]+)?def[ \t]+(\w+)", re.M)

@@ -37,7 +37,8 @@ from pathlib import Path
 
 import libcst as cst
 
-from kllint.analysis import ir, lowering, roles, selectors, sinks
+from kllint.analysis import ir, lowering, roles, selectors, sinks, sites
+from kllint.analysis.gradient import Direction
 from kllint.analysis.calls import Calls
 from kllint.analysis.expressions import BINOPS, compare, split_tensor
 from kllint.analysis.frame import MAX_DEPTH, FileContext
@@ -536,7 +537,12 @@ class Interpreter(Calls):
         """A helper whose result a caller in another file backpropagates:
         judged here, where it is written, naming that caller."""
         assert isinstance(self.function_node, cst.FunctionDef)
-        caller = sinks.backprop_caller(self.context.project, self.module.path, self.function_node)
+        caller = sinks.backprop_caller(
+            self.context.project,
+            self.module.path,
+            self.function_node,
+            self.cls.name if self.cls is not None else None,
+        )
         if caller is None:
             return
         description = sinks.caller_description(caller, self.function_name)
@@ -870,6 +876,13 @@ class Interpreter(Calls):
         # are placed inside it, where the code is written. A helper called
         # from several places may be right at one and wrong at another: its
         # findings are placed at the calls.
+        alone = (
+            self.call_site is None
+            and ref.module is self.context.module
+            and self.module is self.context.module
+            and self.context.calls[_called_as(ref, call)] == 1
+            and not sinks.steerable(ref.node)
+        )
         in_place = (
             self.call_site is None
             and ref.module is self.context.module
@@ -877,13 +890,51 @@ class Interpreter(Calls):
                 # A subclass's hook called by the inherited method of a base
                 # in another file: the hook is the only place in this file.
                 self.module is not self.context.module
-                or (
-                    self.context.calls[_called_as(ref, call)] == 1
-                    and not sinks.steerable(ref.node)
-                    and not any(_policy_log_probs_in(v) for v in bound.values())
-                )
+                or (alone and not any(_policy_log_probs_in(v) for v in bound.values()))
             )
         )
+        sinks_before = len(self.context.sinks)
+        result = self.run_helper(ref, key, site, bound, in_place)
+        if (
+            alone
+            and not in_place
+            and result is not None
+            and len(self.context.sinks) == sinks_before
+            and _defect_of_its_own(result)
+        ):
+            # Given the caller's log-probs, a helper that returns a per-token
+            # estimate leaves its use (a reward, a loss) to the caller: judged
+            # at the call. One that reduces the KL itself (a loss, an
+            # objective, a sequence-level reward) holds the whole term: its
+            # findings are placed where it is written (interpreted again,
+            # so that what it computes carries its own lines).
+            result = self.run_helper(ref, key, site, bound, True)
+        if result is None:
+            return Py(None)
+        if (
+            self.call_site is None
+            and not site.reported_by_helper
+            and sinks.may_hold_kl(result)
+            and not sinks.is_advantage_function(ref.name)
+            and self.context.project.reports_on(ref.module)
+            and sinks.backprop_caller(
+                self.context.project,
+                ref.module.path,
+                ref.node,
+                ref.cls.name if ref.cls is not None else None,
+            )
+            is not None
+        ):
+            # A helper some caller backpropagates is judged in its own file,
+            # naming that caller: one bug, one finding.
+            site.reported_by_helper = True
+        return self.credit_rewards(ref.name, call, result)
+
+    def run_helper(
+        self, ref: FuncRef, key: int, site: ir.Origin, bound: dict[str, Value], in_place: bool
+    ) -> Value | None:
+        """What ``ref`` returns given ``bound``, its findings placed inside it
+        (``in_place``) or at the call ``site``."""
         callee = Interpreter(
             self.context,
             ref.module,
@@ -904,21 +955,7 @@ class Interpreter(Calls):
             callee.env = dict(ref.closure())
         # Parameters the caller did not pass take their defaults, evaluated in
         # the callee's module: that is how a keyword default picks a branch.
-        result = callee.run_function(ref.node, bound, no_grad=self.no_grad)
-        if result is None:
-            return Py(None)
-        if (
-            self.call_site is None
-            and not site.reported_by_helper
-            and sinks.may_hold_kl(result)
-            and not sinks.is_advantage_function(ref.name)
-            and self.context.project.reports_on(ref.module)
-            and sinks.backprop_caller(self.context.project, ref.module.path, ref.node) is not None
-        ):
-            # A helper some caller backpropagates is judged in its own file,
-            # naming that caller: one bug, one finding.
-            site.reported_by_helper = True
-        return self.credit_rewards(ref.name, call, result)
+        return callee.run_function(ref.node, dict(bound), no_grad=self.no_grad)
 
     def may_matter(
         self, ref: FuncRef, bound: dict[str, Value], given: Sequence[Value] = ()
@@ -963,6 +1000,67 @@ class Interpreter(Calls):
         if isinstance(result, Seq):
             return Seq([item if keep(item) else credited for item in result.items])
         return result if keep(result) else credited
+
+
+def _defect_of_its_own(value: Value) -> bool:
+    """Whether what a helper returns already reduces its KL over each
+    sequence's tokens (a loss, an objective, a sequence-level reward) and,
+    minimised as it is, has a KL gradient defect of its own (a k1 or k3, a
+    per-token term summed, a penalty negated inside it). A correct KL, or one
+    without gradient (the caller passed detached log-probs), leaves the
+    defect to the use the caller makes of it; so does a per-token estimate,
+    whose use (a reward, a loss) is still the caller's to decide."""
+    terms = [
+        term
+        for node in _tensors(value)
+        if not ir.is_detached(node)
+        for term in sites.kl_terms(node)
+    ]
+    if not terms or any(_per_token_reference(term) for term in terms):
+        return False
+    for term in terms:
+        found = sites.profile_of(term)
+        if (
+            found is not None
+            and found.direction is not Direction.NONE
+            and not found.sequence_correct
+        ):
+            return True
+    return False
+
+
+def _tensors(value: Value) -> list[ir.Node]:
+    if isinstance(value, ir.Node):
+        return [value]
+    if isinstance(value, Choice):
+        return [node for _, option in value.options for node in _tensors(option)]
+    if isinstance(value, Seq):
+        return [node for item in value.items for node in _tensors(item)]
+    if isinstance(value, DictVal):
+        return [node for item in value.items.values() for node in _tensors(item)]
+    return []
+
+
+def _per_token_reference(node: ir.Node) -> bool:
+    """A reference log-prob of one token reached without passing a sum or a
+    mean over time (a stack, not recursion: sums can be deep)."""
+    seen: set[int] = set()
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, ir.Reduce) and current.axis in (ir.Axis.TIME, ir.Axis.ALL):
+            continue
+        if (
+            isinstance(current, ir.Atom)
+            and current.role is Role.REFERENCE_LOGP
+            and current.level is not ir.Level.SEQUENCE
+        ):
+            return True
+        stack.extend(current.children())
+    return False
 
 
 def _log_probs_taken_of(fn: cst.FunctionDef, name: str) -> bool:

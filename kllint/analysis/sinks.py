@@ -234,15 +234,22 @@ _STEERING_WORDS = frozenset(
 )
 
 
-def backprop_caller(project: Project, path: Path, fn: cst.FunctionDef) -> Caller | None:
+def backprop_caller(
+    project: Project, path: Path, fn: cst.FunctionDef, class_name: str | None = None
+) -> Caller | None:
     """A caller in another file (or a pipeline given it as its loss callback)
     that backpropagates what ``fn`` returns, so that ``fn`` is judged where it
-    is written: once, with the caller named in the finding. None when a
+    is written: once, with the caller named in the finding. A module's
+    ``forward`` (or an object's ``__call__``) is called through an attribute
+    holding an object of its class (``self.kl_penalty(...)``). None when a
     parameter may choose the estimator: then only a call site can say which."""
     if steerable(fn):
         return None
     here = str(path.resolve())
-    for caller in project.backprop_callers(path, fn.name.value):
+    found = project.backprop_callers(path, fn.name.value)
+    if class_name is not None and fn.name.value in ("forward", "__call__"):
+        found = [*project.backprop_callers(path, callers.instance_call(class_name)), *found]
+    for caller in found:
         if caller.callback or (caller.path != here and not caller.local):
             return caller
     return None

@@ -404,19 +404,24 @@ def _estimator_name(focus: ir.Node) -> str:
 _ESTIMATOR_NAMES: dict[tuple[object, ...], str] = {}
 
 
-def build_site(
-    term: ir.Node, sink: str, strong: bool, branch: str, fallback: ir.Origin
-) -> KLSite | None:
-    term = _behaviour_by_contrast(term)
-    # Alternatives of unrelated branches, and the same estimator in another
-    # function, repeat one gradient.
+def profile_of(term: ir.Node) -> GradientProfile | None:
+    """A term's gradient profile, None where it cannot be classified.
+    Alternatives of unrelated branches, and the same estimator in another
+    function, repeat one gradient: computed once per gradient structure."""
     key = ir.gradient_structure(term)
     if key not in _PROFILES:
         try:
             _PROFILES[key] = profile(term)
         except Unsupported:
             _PROFILES[key] = None
-    gradient_profile = _PROFILES[key]
+    return _PROFILES[key]
+
+
+def build_site(
+    term: ir.Node, sink: str, strong: bool, branch: str, fallback: ir.Origin
+) -> KLSite | None:
+    term = _behaviour_by_contrast(term)
+    gradient_profile = profile_of(term)
     if gradient_profile is None:
         return None
     focus = focus_of(term)
