@@ -157,7 +157,15 @@ class Calls(Expressions):
         if name == "getattr" and len(args) >= 2:
             attr = self.eval(args[1].value)
             if isinstance(attr, Py) and isinstance(attr.value, str):
-                return self.attribute(self.eval(args[0].value), attr.value, call)
+                value = self.attribute(self.eval(args[0].value), attr.value, call)
+                if len(args) >= 3 and isinstance(value, Unknown):
+                    # ``getattr(self.args, "kl_estimator", "k1")``: a setting the
+                    # package gives no default takes the fallback written here,
+                    # as ``cfg.get("kl_type", "k3")`` does.
+                    fallback = self.eval(args[2].value)
+                    if isinstance(fallback, Py) and isinstance(fallback.value, str):
+                        return fallback
+                return value
         if name == "len" and args:
             return ir.Atom(Role.COEFFICIENT, code(call))
         return self.named_call(name, call, args, kwargs, callee)

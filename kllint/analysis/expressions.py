@@ -26,7 +26,9 @@ from kllint.analysis.values import (
     Unknown,
     Value,
     choice,
+    dict_key,
     negate_condition,
+    shown_key,
 )
 
 BINOPS = {"Add": "add", "Subtract": "sub", "Multiply": "mul", "Divide": "div", "Power": "pow"}
@@ -143,8 +145,9 @@ class Expressions(Frame):
             for element in expr.elements:
                 if isinstance(element, cst.DictElement):
                     key = self.eval(element.key)
-                    if isinstance(key, Py) and isinstance(key.value, str):
-                        items[key.value] = self.eval(element.value)
+                    held = dict_key(key.value) if isinstance(key, Py) else None
+                    if held is not None:
+                        items[held] = self.eval(element.value)
             return DictVal(items)
         if isinstance(expr, cst.List) and not expr.elements:
             return Seq([], appended=True)  # a list to be filled by ``.append``
@@ -457,14 +460,20 @@ class Expressions(Frame):
     def eval_subscript(self, expr: cst.Subscript) -> Value:
         base = self.eval(expr.value)
         key_value: Value | None = None
-        if len(expr.slice) == 1 and isinstance(expr.slice[0].slice, cst.Index):
-            key_value = self.eval(expr.slice[0].slice.value)
-        if (
-            isinstance(base, DictVal)
-            and isinstance(key_value, Py)
-            and isinstance(key_value.value, str)
-        ):
-            return base.items.get(key_value.value, Unknown(code(expr), (key_value.value,)))
+        index = expr.slice[0].slice if len(expr.slice) == 1 else None
+        if isinstance(index, cst.Index):
+            key_value = self.eval(index.value)
+            if (
+                isinstance(base, DictVal)
+                and isinstance(key_value, Unknown)
+                and any(k != shown_key(k) for k in base.items)
+            ):
+                # ``KL_ESTIMATORS[config.kl_estimator]`` keyed by ``IntEnum``
+                # members: an int setting used as a key is a selector too.
+                key_value = self.index_default(index.value) or key_value
+        held = dict_key(key_value.value) if isinstance(key_value, Py) else None
+        if isinstance(base, DictVal) and held is not None:
+            return base.items.get(held, Unknown(code(expr), (str(shown_key(held)),)))
         if (
             isinstance(base, DictVal)
             and base.items
@@ -473,7 +482,9 @@ class Expressions(Frame):
         ):
             # A dispatch table indexed by a selector kllint cannot resolve.
             label = full_code(expr.slice[0].slice)
-            return choice([(f"{label} == {key!r}", item) for key, item in base.items.items()])
+            return choice(
+                [(f"{label} == {shown_key(key)!r}", item) for key, item in base.items.items()]
+            )
         if isinstance(base, Seq):
             if isinstance(key_value, Unknown) and isinstance(expr.slice[0].slice, cst.Index):
                 key_value = self.index_default(expr.slice[0].slice.value) or key_value

@@ -38,10 +38,10 @@ from pathlib import Path
 import libcst as cst
 
 from kllint.analysis import ir, lowering, roles, selectors, sinks, sites
-from kllint.analysis.gradient import Direction
 from kllint.analysis.calls import Calls
 from kllint.analysis.expressions import BINOPS, compare, split_tensor
 from kllint.analysis.frame import MAX_DEPTH, FileContext
+from kllint.analysis.gradient import Direction
 from kllint.analysis.ir import Role
 from kllint.analysis.module import ClassInfo, ModuleInfo, dotted_name, names_imported
 from kllint.analysis.project import Project
@@ -890,7 +890,20 @@ class Interpreter(Calls):
                 # A subclass's hook called by the inherited method of a base
                 # in another file: the hook is the only place in this file.
                 self.module is not self.context.module
-                or (alone and not any(_policy_log_probs_in(v) for v in bound.values()))
+                or (
+                    alone
+                    and (
+                        # A reward maker run under ``no_grad`` (its decorator or
+                        # the caller's block): what it returns is a reward
+                        # without gradient, whatever the caller passes; its
+                        # estimator is its own.
+                        (
+                            (self.no_grad or lowering.decorated_no_grad(ref.node))
+                            and sinks.makes_rewards(ref.name)
+                        )
+                        or not any(_policy_log_probs_in(v) for v in bound.values())
+                    )
+                )
             )
         )
         sinks_before = len(self.context.sinks)

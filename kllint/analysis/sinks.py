@@ -174,6 +174,11 @@ def is_returns_key(name: str) -> bool:
     return roles.words(name) == ["returns"]
 
 
+def makes_rewards(name: str) -> bool:
+    """``compute_rewards``, ``get_reward``: a function that returns rewards."""
+    return bool(set(roles.words(name)) & {"reward", "rewards"})
+
+
 def stored_rewards(target: cst.BaseExpression) -> str | None:
     """``batch["token_level_rewards"]``, ``data.rewards``: per-token rewards
     written for a loss in another call tree to credit (how it is written),

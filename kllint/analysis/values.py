@@ -55,6 +55,25 @@ class DictVal:
     items: dict[str, Value]
 
 
+def dict_key(value: object) -> str | None:
+    """The key under which a dict kllint holds keeps an entry: a string as it
+    is; an int (an ``IntEnum`` member's value, ``{KLEstimator.K3: _kl_k3}``)
+    marked so that it never equals a string key; None for other keys."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int):
+        return f"{_INT_KEY}{value!r}"
+    return None
+
+
+def shown_key(key: str) -> object:
+    """A key as the code writes it (for messages)."""
+    return int(key[len(_INT_KEY) :]) if key.startswith(_INT_KEY) else key
+
+
+_INT_KEY = "\x00int:"
+
+
 @dataclass
 class Flipped:
     """``torch.flip`` along time of a node: kept apart so that
