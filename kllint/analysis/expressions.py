@@ -28,6 +28,7 @@ from kllint.analysis.values import (
     choice,
     dict_key,
     negate_condition,
+    self_attribute,
     shown_key,
 )
 
@@ -305,6 +306,12 @@ class Expressions(Frame):
             if method is not None:
                 return replace(method, receiver=base)
             return Unknown(code(expr), (attr,))
+        if isinstance(base, Unknown) and base.names == ("self",):
+            # ``self.kl = ...`` earlier in this function (a rollout method
+            # keeping what it computed on the worker): read back as written.
+            written = self.env.get(self_attribute(attr))
+            if written is not None:
+                return written
         if (
             isinstance(base, Unknown)
             and base.names == ("self",)

@@ -64,6 +64,7 @@ from kllint.analysis.values import (
     merge_envs,
     negate_condition,
     note_default,
+    self_attribute,
 )
 
 __all__ = [
@@ -689,6 +690,15 @@ class Interpreter(Calls):
             self.assign_name(target.value, value, node)
         elif isinstance(target, (cst.Tuple, cst.List)):
             self.assign_unpacked(target, value, node)
+        elif (
+            isinstance(target, cst.Attribute)
+            and isinstance(target.value, cst.Name)
+            and target.value.value == "self"
+            and isinstance(self.env.get("self"), Unknown)
+        ):
+            # ``self.kl = ...`` on an object kllint does not hold: read back
+            # by this function (``rewards = -self.kl_coef * self.kl``).
+            self.env[self_attribute(target.attr.value)] = value
         elif (
             isinstance(target, cst.Attribute)
             and isinstance(target.value, cst.Name)

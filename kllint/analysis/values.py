@@ -55,6 +55,12 @@ class DictVal:
     items: dict[str, Value]
 
 
+def self_attribute(attr: str) -> str:
+    """The name under which a function's environment keeps what it wrote
+    to ``self.<attr>`` (never a Python identifier, so never a local's)."""
+    return f"self.{attr}"
+
+
 def dict_key(value: object) -> str | None:
     """The key under which a dict kllint holds keeps an entry: a string as it
     is; an int (an ``IntEnum`` member's value, ``{KLEstimator.K3: _kl_k3}``)
