@@ -59,6 +59,11 @@ class Analysis:
         """Where a site's node is, if it is written in this module."""
         return self.places.get(site.node, site.function) if site.node is not None else None
 
+    def helper_place(self, site: RewrittenSite) -> Place | None:
+        """Where the helper a site was computed in is, for a site placed at
+        that helper's call."""
+        return self.places.get(site.helper, site.helper) if site.helper is not None else None
+
 
 class Reader:
     """Analyses texts of the files of one fix run. The disk does not change
@@ -122,6 +127,9 @@ class RewrittenSite:
     # Judged in the function it is written in (not reached through a caller
     # that inlined that function): the verdict a finding there was given.
     own: bool = True
+    # The helper whose code computed it, when it is placed at that helper's
+    # call (a correct helper given the caller's log-probs is judged there).
+    helper: object = None
 
 
 def _rewritten(site: KLSite) -> RewrittenSite:
@@ -138,6 +146,7 @@ def _rewritten(site: KLSite) -> RewrittenSite:
         negated=p.direction is Direction.KL and p.scale < 0,
         profile=f"{p.direction.value}, scale {p.scale:+.3g}, credit {p.credit.value}",
         own=site.origin.function is None or site.origin.function is site.function_node,
+        helper=site.origin.helper_node,
     )
 
 

@@ -95,7 +95,17 @@ def within(
     # A helper's code reached through its caller is the same code judged
     # again; where the helper is judged on its own, that judgement decides.
     own = [site for site in inside if site.own]
-    return own or inside
+    if own or inside:
+        return own or inside
+    # A rewrite inside a helper that is judged where it is written only while
+    # it is wrong (it reduces the caller's log-probs into a loss): once
+    # correct, its term is placed at its call, and judged there.
+    called = []
+    for site in analysis.sites:
+        place = analysis.helper_place(site)
+        if place is not None and place[0] <= start and end <= place[1]:
+            called.append(site)
+    return called
 
 
 def confirm_plan(
