@@ -142,6 +142,15 @@ class Calls(Expressions):
         name = callee.names[-1] if callee.names else callee.text
         if name in ("float", "int") and args:
             return self.eval(args[0].value)
+        if name == "dict" and not args and call.args:
+            # ``dict(advantages=advantages, ...)``: the dict written out.
+            items: dict[str, Value] = {}
+            for arg in call.args:
+                if arg.keyword is not None:
+                    items[arg.keyword.value] = self.eval(arg.value)
+                elif arg.star == "**" and isinstance(given := self.eval(arg.value), DictVal):
+                    items.update(given.items)
+            return DictVal(items)
         if name == "sum" and args:
             # ``sum(losses.values())`` over a dict of loss terms.
             terms = self.eval(args[0].value)

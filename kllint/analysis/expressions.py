@@ -188,6 +188,25 @@ class Expressions(Frame):
                     else:
                         self.env[n] = v
                 return DictVal(items)
+        if loop.inner_for_in is None and not loop.ifs and isinstance(loop.target, cst.Name):
+            # ``{name: partial(approx_kl, kind=name) for name in ("k1", "k3")}``:
+            # a registry built over literals, one entry per literal.
+            keys = self.eval(source)
+            if isinstance(keys, Seq) and keys.items and all(isinstance(k, Py) for k in keys.items):
+                bound = loop.target.value
+                saved_value = self.env.get(bound)
+                registry: dict[str, Value] = {}
+                for literal in keys.items:
+                    self.env[bound] = literal
+                    written = self.eval(expr.key)
+                    held = dict_key(written.value) if isinstance(written, Py) else None
+                    if held is not None:
+                        registry[held] = self.eval(expr.value)
+                if saved_value is None:
+                    self.env.pop(bound, None)
+                else:
+                    self.env[bound] = saved_value
+                return DictVal(registry)
         return Unknown(code(expr), ("comprehension",))
 
     def eval_comprehension(self, expr: cst.ListComp | cst.GeneratorExp) -> Value:
@@ -255,7 +274,7 @@ class Expressions(Frame):
             return Unknown(name, (name,), module=self.module.imports[name].dotted)
         if name in self.module.constants:
             constant = self.module.constants[name]
-            if isinstance(constant, (cst.Dict, cst.Lambda)):
+            if isinstance(constant, (cst.Dict, cst.DictComp, cst.Lambda)):
                 return self.eval_constant(constant)  # a dispatch table: {"k3": low_var_kl, ...}
             if isinstance(constant, cst.Call) and (dotted_name(constant.func) or "").endswith(
                 "partial"

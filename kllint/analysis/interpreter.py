@@ -744,9 +744,15 @@ class Interpreter(Calls):
     def assign_name(self, name: str, value: Value, node: cst.CSTNode) -> None:
         """``name = value``: the name is evidence of what the value is."""
         patterns = self.context.role_patterns
-        if not isinstance(value, Unknown) and (
-            patterns.logprob_role(name) is not None
-            or (patterns.role_from_words(name) is not None and roles.is_one_log_prob(value))
+        # ``logp_chunks = []``: a list to be filled, not yet a log-prob.
+        to_fill = isinstance(value, Seq) and not value.items
+        if (
+            not isinstance(value, Unknown)
+            and not to_fill
+            and (
+                patterns.logprob_role(name) is not None
+                or (patterns.role_from_words(name) is not None and roles.is_one_log_prob(value))
+            )
         ):
             value = roles.name_logprob(name, value, patterns, no_grad=self.no_grad)
         elif roles.is_one_probability(value):
@@ -1007,6 +1013,10 @@ class Interpreter(Calls):
             roles.may_carry_kl(v) for v in ref.receiver.built().values()
         ):
             return True
+        if _makes_a_function(ref):
+            # ``reduce = make_sample_reducer(masks, n)``: the function it
+            # returns is given the KL later (``kl_loss = reduce(kl)``).
+            return True
         return roles.may_compute_kl(ref.module, ref.name, ref.cls, self.context.role_patterns)
 
     def credit_rewards(self, name: str, call: cst.Call, result: Value) -> Value:
@@ -1084,6 +1094,21 @@ def _per_token_reference(node: ir.Node) -> bool:
             return True
         stack.extend(current.children())
     return False
+
+
+def _makes_a_function(ref: FuncRef) -> bool:
+    """Whether ``ref`` mentions a function nested in it (a factory that
+    returns a closure), from the file's sketch: no parse."""
+    sketch = ref.module.sketch
+    cls = ref.cls.name if ref.cls is not None else None
+    names = sketch.names(cls, ref.name)
+    if names is None:
+        return False
+    top_level = set(ref.module.functions) | (set(ref.cls.methods) if ref.cls is not None else set())
+    return any(
+        (cls, name) in sketch.functions and name not in top_level and name != ref.name
+        for name in names.identifiers
+    )
 
 
 def _log_probs_taken_of(fn: cst.FunctionDef, name: str) -> bool:

@@ -290,7 +290,15 @@ def weight_role(name: str) -> Role | None:
         return Role.ADVANTAGE
     if has_words(name, COEFFICIENT_WORDS) or name.isupper():
         return Role.COEFFICIENT
+    if has_words(name, _MAX_WORDS) and has_words(name, _LENGTH_WORDS):
+        # ``args.max_response_len``: a fixed length budget (a loss normalised
+        # by it, Dr. GRPO style), a constant like any setting.
+        return Role.COEFFICIENT
     return None
+
+
+_MAX_WORDS = frozenset({"max"})
+_LENGTH_WORDS = frozenset({"len", "length", "tokens"})
 
 
 # An advantage or return estimator (``compute_gae``, ``get_returns``).
@@ -532,6 +540,18 @@ def name_logprob(name: str, value: Value, patterns: RolePatterns, *, no_grad: bo
     sequence = bool(logprob_nodes) and all(_sums_over_time(n) for n in logprob_nodes)
     level = Level.SEQUENCE if sequence else level_of(name)
     per_token = per_token and not sequence
+    if (
+        not detached
+        and not no_grad
+        and patterns._configured(name) is None
+        and patterns.logprob_role(name) is Role.OLD_LOGP
+        and any(n.has_role(Role.POLICY_LOGP) for n in logprob_nodes)
+    ):
+        # ``sampled_logp = s_logp.gather(...)`` from the policy's own logits,
+        # with its gradient: the policy's log-prob, whatever its name says (a
+        # behaviour policy's log-prob carries no gradient). A role the user
+        # configured for the name still wins.
+        return ir.Atom(Role.POLICY_LOGP, name, level, per_token=per_token)
     if patterns.logprob_role(name) is None and logprob_nodes:
         # ``ref = reference_logprobs(...)``: a log-prob named by its role alone.
         role = patterns.role_from_words(name) or Role.POLICY_LOGP
