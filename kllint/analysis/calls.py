@@ -21,7 +21,7 @@ from kllint.analysis.lowering import (
     TENSOR_IDENTITY,
     UNARY,
 )
-from kllint.analysis.module import ClassInfo, ModuleInfo
+from kllint.analysis.module import ClassInfo, ModuleInfo, dotted_name
 from kllint.analysis.project import Project
 from kllint.analysis.syntax import chain_names, code, full_code
 from kllint.analysis.values import (
@@ -110,6 +110,8 @@ class Calls(Expressions):
                 found = self.context.project.class_named(call.func.value, self.module)
             if found is not None and _callable_class(self.context.project, *found):
                 return self.instantiate(found[0], found[1], call)
+            if found is not None and (call.args and _record_class(found[0])):
+                return self.record(found[0], call)
             if found is not None and len(args) == 1 and _is_enum(found[0]):
                 # ``KLType(cfg.get("kl_type", "k3"))``: the member of that
                 # value, which stands for its value as ``KLType.K3`` does.
@@ -249,6 +251,13 @@ class Calls(Expressions):
         if isinstance(receiver, Unknown):
             if receiver.names == ("self",) and self.self_class is not None:
                 found = self.context.project.method(*self.self_class, method)
+                if found is not None and _is_property(found.node):
+                    # ``self.kl_fn(logp, ref)`` with ``@property def kl_fn``:
+                    # the property gives the function that is called.
+                    given = self.inline(found, cst.Call(func=call.func))
+                    if isinstance(given, (FuncRef, Instance)):
+                        return self.call_value(given, call, args, kwargs)
+                    return Unknown(code(call), (method,), call=True)
                 if found is not None:
                     return self.inline(found, call)
             return self.unknown_method(call, method, receiver, args, kwargs)
@@ -285,6 +294,22 @@ class Calls(Expressions):
 
             instance.pending = build
         return instance
+
+    def record(self, cls: ClassInfo, call: cst.Call) -> DictVal:
+        """``PolicyOutput(logprobs=logprobs, values=values)`` of a dataclass or
+        ``NamedTuple``: its fields hold what was given (``out.logprobs`` is
+        the log-prob computed, with its role and gradient)."""
+        fields = [f.name for f in cls.fields if f.annotated]
+        items: dict[str, Value] = {}
+        for position, arg in enumerate(call.args):
+            if arg.star:
+                continue
+            name = arg.keyword.value if arg.keyword is not None else None
+            if name is None and position < len(fields):
+                name = fields[position]
+            if name is not None:
+                items[name] = self.eval(arg.value)
+        return DictVal(items)
 
     def class_method(self, receiver: cst.BaseExpression, method: str) -> FuncRef | None:
         """``KLUtils.compute_kl(...)``: a static or class method of a class of
@@ -704,6 +729,19 @@ def _differentiable_kl(value: Value) -> bool:
         and value.has_role(Role.REFERENCE_LOGP)
         and ir.depends_on_policy(value)
     )
+
+
+def _is_property(fn: cst.FunctionDef) -> bool:
+    return any(
+        (dotted_name(d.decorator) or "").rpartition(".")[2] in ("property", "cached_property")
+        for d in fn.decorators
+    )
+
+
+def _record_class(cls: ClassInfo) -> bool:
+    """A dataclass or ``NamedTuple`` (annotated fields, no ``__init__`` of its
+    own): calling it builds a record of what it is given."""
+    return "__init__" not in cls.methods and any(f.annotated for f in cls.fields)
 
 
 def _callable_class(project: Project, cls: ClassInfo, module: ModuleInfo) -> bool:

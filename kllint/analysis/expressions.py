@@ -325,6 +325,8 @@ class Expressions(Frame):
             if method is not None:
                 return replace(method, receiver=base)
             return Unknown(code(expr), (attr,))
+        if isinstance(base, DictVal) and attr in base.items:
+            return base.items[attr]  # a record's field (``out.logprobs``)
         if isinstance(base, Unknown) and base.names == ("self",):
             # ``self.kl = ...`` earlier in this function (a rollout method
             # keeping what it computed on the worker): read back as written.

@@ -477,7 +477,19 @@ class Interpreter(Calls):
             self.returns.append((AND.join(self.path), value))
             if self.loss_function and self.depth == 0:
                 self.loss_sink_from_return(small, value)
-            elif self.depth == 0 and sinks.is_advantage_function(self.function_name):
+            elif self.depth == 0 and (
+                sinks.is_advantage_function(self.function_name)
+                or (
+                    # ``return returns`` from a reward shaper nothing in this
+                    # file calls: what a policy-gradient loss elsewhere reads.
+                    isinstance(small.value, cst.Name)
+                    and (
+                        sinks.is_advantage_key(small.value.value)
+                        or sinks.is_returns_key(small.value.value)
+                    )
+                    and not self.context.calls.get(self.function_name)
+                )
+            ):
                 self.advantage_sink(
                     small, value, f"the advantages returned by `{self.function_name}`"
                 )

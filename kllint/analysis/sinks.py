@@ -193,11 +193,39 @@ def stored_rewards(target: cst.BaseExpression) -> str | None:
 
 
 def _stored_key(target: cst.BaseExpression) -> str | None:
+    """The key a value is stored under for a loss to read back; None for a
+    store into what holds metrics (``self.metrics["actor/reward_kl"] = ...``)."""
+    holder = target.value if isinstance(target, (cst.Subscript, cst.Attribute)) else None
+    if holder is not None and set(roles.words(_last_name(holder))) & _METRIC_HOLDERS:
+        return None
     if isinstance(target, cst.Subscript):
         return string_key(target)
     if isinstance(target, cst.Attribute):
         return target.attr.value
     return None
+
+
+def _last_name(expr: cst.BaseExpression) -> str:
+    if isinstance(expr, cst.Attribute):
+        return expr.attr.value
+    return expr.value if isinstance(expr, cst.Name) else ""
+
+
+# What holds numbers to log, never data a loss reads back.
+_METRIC_HOLDERS = frozenset(
+    {
+        "metrics",
+        "metric",
+        "stats",
+        "statistics",
+        "log",
+        "logs",
+        "logging",
+        "info",
+        "summary",
+        "scalars",
+    }
+)
 
 
 def returned_losses(

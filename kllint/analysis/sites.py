@@ -139,7 +139,41 @@ def kl_terms(value: ir.Node) -> list[ir.Node]:
         and any(t.has_role(r) for r in _LOGPROB_ROLES)
         and not any(a.level is ir.Level.DISTRIBUTION for a in t.atoms())
         and not _is_preference_contrast(t)
+        and not _is_value_regression(t)
     ]
+
+
+def _is_value_regression(term: ir.Node) -> bool:
+    """A critic's loss whose target holds the KL (``(values - returns) ** 2``
+    with a KL reward in the returns): the KL reaches it only as a regression
+    target next to a value prediction. It trains the critic, it is not a KL
+    to the reference."""
+    regressions = {
+        id(node)
+        for node in term.walk()
+        if isinstance(node, ir.Binary)
+        and node.op == "pow"
+        and isinstance(node.right, ir.Const)
+        and node.right.value == 2
+        and isinstance(node.left, ir.Binary)
+        and node.left.op == "sub"
+        and any(
+            not _has_reference(side) and side.has_role(Role.ADVANTAGE)
+            for side in (node.left.left, node.left.right)
+        )
+    }
+    if not regressions:
+        return False
+    stack, seen = [term], set()
+    while stack:
+        node = stack.pop()
+        if id(node) in seen or id(node) in regressions:
+            continue
+        seen.add(id(node))
+        if isinstance(node, ir.Atom) and node.role is Role.REFERENCE_LOGP:
+            return False
+        stack.extend(node.children())
+    return True
 
 
 def _is_preference_contrast(term: ir.Node) -> bool:
