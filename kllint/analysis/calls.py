@@ -4,6 +4,7 @@ values kllint cannot compute, of ``.backward()`` (a sink)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -251,7 +252,7 @@ class Calls(Expressions):
         if isinstance(receiver, Unknown):
             if receiver.names == ("self",) and self.self_class is not None:
                 found = self.context.project.method(*self.self_class, method)
-                if found is not None and _is_property(found.node):
+                if found is not None and _is_property(found):
                     # ``self.kl_fn(logp, ref)`` with ``@property def kl_fn``:
                     # the property gives the function that is called.
                     given = self.inline(found, cst.Call(func=call.func))
@@ -731,11 +732,19 @@ def _differentiable_kl(value: Value) -> bool:
     )
 
 
-def _is_property(fn: cst.FunctionDef) -> bool:
-    return any(
-        (dotted_name(d.decorator) or "").rpartition(".")[2] in ("property", "cached_property")
-        for d in fn.decorators
-    )
+def _is_property(ref: FuncRef) -> bool:
+    """A ``@property`` (or ``cached_property``), told from the text while the
+    method is not parsed: a lookup must not parse what it does not follow."""
+    if ref.parsed:
+        return any(
+            (dotted_name(d.decorator) or "").rpartition(".")[2] in ("property", "cached_property")
+            for d in ref.node.decorators
+        )
+    source = ref.module.source
+    if "property" not in source:
+        return False
+    pattern = rf"@(?:\w+\.)*(?:cached_)?property[ \t]*\n(?:[ \t]*@.*\n)*[ \t]*(?:async[ \t]+)?def[ \t]+{re.escape(ref.name)}\b"
+    return re.search(pattern, source) is not None
 
 
 def _record_class(cls: ClassInfo) -> bool:
