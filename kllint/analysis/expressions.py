@@ -326,7 +326,9 @@ class Expressions(Frame):
                 return replace(method, receiver=base)
             return Unknown(code(expr), (attr,))
         if isinstance(base, DictVal) and attr in base.items:
-            return base.items[attr]  # a record's field (``out.logprobs``)
+            # A record's field (``ref.logprobs``): a log-prob goes by the name
+            # the caller reads it with, not the one the helper computed it as.
+            return _renamed_log_prob(base.items[attr], code(expr))
         if isinstance(base, Unknown) and base.names == ("self",):
             # ``self.kl = ...`` earlier in this function (a rollout method
             # keeping what it computed on the worker): read back as written.
@@ -844,6 +846,18 @@ def _reads_only_settings_of_self(expr: cst.BaseExpression) -> bool:
 
 # Splitting a tensor into rows or chunks: each piece is what the tensor is.
 SPLITS = frozenset({"split", "chunk", "unbind", "tensor_split"})
+
+
+def _renamed_log_prob(value: Value, name: str) -> Value:
+    """``value`` with its one log-prob atom named ``name``; as it is otherwise."""
+    if not isinstance(value, ir.Node):
+        return value
+    atoms = [
+        a for a in value.atoms() if a.role in (Role.POLICY_LOGP, Role.OLD_LOGP, Role.REFERENCE_LOGP)
+    ]
+    if len(atoms) != 1:
+        return value
+    return ir.substitute(value, {id(atoms[0]): replace(atoms[0], name=name)})
 
 
 def split_tensor(iterable: cst.BaseExpression) -> cst.BaseExpression | None:
