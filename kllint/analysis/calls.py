@@ -112,7 +112,10 @@ class Calls(Expressions):
             if found is not None and _callable_class(self.context.project, *found):
                 return self.instantiate(found[0], found[1], call)
             if found is not None and (call.args and _record_class(found[0])):
-                return self.record(found[0], call)
+                # ``PolicyOutput(logprobs=..., values=...)`` of a dataclass or
+                # ``NamedTuple``: ``out.logprobs`` is the log-prob computed,
+                # with its role and gradient.
+                return self.written_record(call, [f.name for f in found[0].fields if f.annotated])
             if found is not None and len(args) == 1 and _is_enum(found[0]):
                 # ``KLType(cfg.get("kl_type", "k3"))``: the member of that
                 # value, which stands for its value as ``KLType.K3`` does.
@@ -147,13 +150,7 @@ class Calls(Expressions):
             return self.eval(args[0].value)
         if name == "dict" and not args and call.args:
             # ``dict(advantages=advantages, ...)``: the dict written out.
-            items: dict[str, Value] = {}
-            for arg in call.args:
-                if arg.keyword is not None:
-                    items[arg.keyword.value] = self.eval(arg.value)
-                elif arg.star == "**" and isinstance(given := self.eval(arg.value), DictVal):
-                    items.update(given.items)
-            return DictVal(items)
+            return self.written_record(call, ())
         if name == "sum" and args:
             # ``sum(losses.values())`` over a dict of loss terms.
             terms = self.eval(args[0].value)
@@ -296,20 +293,19 @@ class Calls(Expressions):
             instance.pending = build
         return instance
 
-    def record(self, cls: ClassInfo, call: cst.Call) -> DictVal:
-        """``PolicyOutput(logprobs=logprobs, values=values)`` of a dataclass or
-        ``NamedTuple``: its fields hold what was given (``out.logprobs`` is
-        the log-prob computed, with its role and gradient)."""
-        fields = [f.name for f in cls.fields if f.annotated]
+    def written_record(self, call: cst.Call, fields: Sequence[str]) -> DictVal:
+        """The entries a call builds: its keywords, its positional arguments
+        under ``fields`` in order, and a ``**`` dict kllint holds."""
         items: dict[str, Value] = {}
         for position, arg in enumerate(call.args):
-            if arg.star:
-                continue
-            name = arg.keyword.value if arg.keyword is not None else None
-            if name is None and position < len(fields):
-                name = fields[position]
-            if name is not None:
-                items[name] = self.eval(arg.value)
+            if arg.star == "**":
+                given = self.eval(arg.value)
+                if isinstance(given, DictVal):
+                    items.update(given.items)
+            elif arg.keyword is not None:
+                items[arg.keyword.value] = self.eval(arg.value)
+            elif not arg.star and position < len(fields):
+                items[fields[position]] = self.eval(arg.value)
         return DictVal(items)
 
     def class_method(self, receiver: cst.BaseExpression, method: str) -> FuncRef | None:

@@ -65,6 +65,7 @@ from kllint.analysis.values import (
     negate_condition,
     note_default,
     self_attribute,
+    tensors_of,
 )
 
 __all__ = [
@@ -1057,7 +1058,7 @@ def _defect_of_its_own(value: Value) -> bool:
     whose use (a reward, a loss) is still the caller's to decide."""
     terms = [
         term
-        for node in _tensors(value)
+        for node in tensors_of(value)
         if not ir.is_detached(node)
         for term in sites.kl_terms(node)
     ]
@@ -1074,38 +1075,18 @@ def _defect_of_its_own(value: Value) -> bool:
     return False
 
 
-def _tensors(value: Value) -> list[ir.Node]:
-    if isinstance(value, ir.Node):
-        return [value]
-    if isinstance(value, Choice):
-        return [node for _, option in value.options for node in _tensors(option)]
-    if isinstance(value, Seq):
-        return [node for item in value.items for node in _tensors(item)]
-    if isinstance(value, DictVal):
-        return [node for item in value.items.values() for node in _tensors(item)]
-    return []
-
-
 def _per_token_reference(node: ir.Node) -> bool:
     """A reference log-prob of one token reached without passing a sum or a
-    mean over time (a stack, not recursion: sums can be deep)."""
-    seen: set[int] = set()
-    stack = [node]
-    while stack:
-        current = stack.pop()
-        if id(current) in seen:
-            continue
-        seen.add(id(current))
-        if isinstance(current, ir.Reduce) and current.axis in (ir.Axis.TIME, ir.Axis.ALL):
-            continue
-        if (
-            isinstance(current, ir.Atom)
-            and current.role is Role.REFERENCE_LOGP
-            and current.level is not ir.Level.SEQUENCE
-        ):
-            return True
-        stack.extend(current.children())
-    return False
+    mean over time."""
+    return ir.reaches(
+        node,
+        found=lambda n: (
+            isinstance(n, ir.Atom)
+            and n.role is Role.REFERENCE_LOGP
+            and n.level is not ir.Level.SEQUENCE
+        ),
+        stop=lambda n: isinstance(n, ir.Reduce) and n.axis in (ir.Axis.TIME, ir.Axis.ALL),
+    )
 
 
 def _makes_a_function(ref: FuncRef) -> bool:

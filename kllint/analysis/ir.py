@@ -16,7 +16,7 @@ policy; ``kllint.analysis.gradient`` evaluates it on dual numbers.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 
@@ -427,6 +427,22 @@ def substitute(node: Node, mapping: dict[int, Node]) -> Node:
 
 def contains(node: Node, target: Node) -> bool:
     return any(n is target for n in node.walk())
+
+
+def reaches(node: Node, found: Callable[[Node], bool], stop: Callable[[Node], bool]) -> bool:
+    """Whether a node ``found`` accepts lies below ``node`` on a path that
+    passes no node ``stop`` accepts (a stack, not recursion: sums can be deep)."""
+    seen: set[int] = set()
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        if id(current) in seen or stop(current):
+            continue
+        seen.add(id(current))
+        if found(current):
+            return True
+        stack.extend(current.children())
+    return False
 
 
 def is_batch_mean(node: Node) -> bool:

@@ -18,7 +18,7 @@ from kllint.analysis import callers, ir, roles
 from kllint.analysis.callers import Caller
 from kllint.analysis.project import Project
 from kllint.analysis.syntax import code, string_key
-from kllint.analysis.values import Choice, DictVal, Seq, Value
+from kllint.analysis.values import DictVal, Seq, Value, tensors_of
 
 
 @dataclass
@@ -339,15 +339,7 @@ def _shown(path: str) -> str:
 def may_hold_kl(value: Value) -> bool:
     """Whether a value mentions a reference policy's log-probs: only then is
     it worth asking who backpropagates it."""
-    if isinstance(value, ir.Node):
-        return value.has_role(ir.Role.REFERENCE_LOGP)
-    if isinstance(value, Choice):
-        return any(may_hold_kl(v) for _, v in value.options)
-    if isinstance(value, Seq):
-        return any(may_hold_kl(v) for v in value.items)
-    if isinstance(value, DictVal):
-        return any(may_hold_kl(v) for v in value.items.values())
-    return False
+    return any(node.has_role(ir.Role.REFERENCE_LOGP) for node in tensors_of(value))
 
 
 def backward_description(call_code: str, method: str) -> str:

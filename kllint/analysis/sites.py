@@ -162,18 +162,11 @@ def _is_value_regression(term: ir.Node) -> bool:
             for side in (node.left.left, node.left.right)
         )
     }
-    if not regressions:
-        return False
-    stack, seen = [term], set()
-    while stack:
-        node = stack.pop()
-        if id(node) in seen or id(node) in regressions:
-            continue
-        seen.add(id(node))
-        if isinstance(node, ir.Atom) and node.role is Role.REFERENCE_LOGP:
-            return False
-        stack.extend(node.children())
-    return True
+    return bool(regressions) and not ir.reaches(
+        term,
+        found=lambda n: isinstance(n, ir.Atom) and n.role is Role.REFERENCE_LOGP,
+        stop=lambda n: id(n) in regressions,
+    )
 
 
 def _is_preference_contrast(term: ir.Node) -> bool:

@@ -246,6 +246,20 @@ def binary(op: str, left: Value, right: Value, origin: ir.Origin, as_node: NodeO
     return lift2(left, right, lambda a, b: ir.binary(op, a, b, origin), as_node)
 
 
+def tensors_of(value: Value) -> list[ir.Node]:
+    """The IR nodes a value holds: itself, each branch of a choice, each item
+    of a sequence or a dict."""
+    if isinstance(value, ir.Node):
+        return [value]
+    if isinstance(value, Choice):
+        return [node for _, option in value.options for node in tensors_of(option)]
+    if isinstance(value, Seq):
+        return [node for item in value.items for node in tensors_of(item)]
+    if isinstance(value, DictVal):
+        return [node for item in value.items.values() for node in tensors_of(item)]
+    return []
+
+
 def has_distribution(value: Value) -> bool:
     """Whether a value holds log-probs over the whole vocabulary (not gathered)."""
     nodes = [v for _, v in value.options] if isinstance(value, Choice) else [value]
