@@ -54,6 +54,35 @@ def reinforce_loss(logp, ref_logp, scores):
     return -(reward * logp.sum(-1)).mean()
 """
 
+# k3 of each sequence's summed log-ratio, in a helper that reduces it into the
+# loss its caller minimises: one value per sequence, so the rewrite sums the
+# tokens' credit to that shape (a per-token credit added to it broadcasts
+# [B] against [B, T] and fails, or silently mixes rows when B == T).
+SEQUENCE_K3_HELPER = """\
+import torch
+
+
+def anchor_penalty(logp, ref_logp, mask):
+    seq_log_ratio = ((logp - ref_logp) * mask).sum(-1)
+    seq_kl = torch.exp(-seq_log_ratio) + seq_log_ratio - 1.0
+    return seq_kl.mean()
+
+
+def train_step(optimizer, logp, ref_logp, advantages, mask, beta=0.1):
+    pg_loss = -(advantages * (logp * mask).sum(-1)).mean()
+    loss = pg_loss + beta * anchor_penalty(logp, ref_logp, mask)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+"""
+
+SEQUENCE_K3_FIXED = SEQUENCE_K3_HELPER.replace(
+    "    seq_kl = torch.exp(-seq_log_ratio) + seq_log_ratio - 1.0\n",
+    "    seq_kl = (torch.exp(-seq_log_ratio) + seq_log_ratio - 1.0).detach()"
+    " + (((logp - ref_logp).detach() * mask).flip(-1).cumsum(-1).flip(-1)"
+    " * (logp - logp.detach())).sum(-1)\n",
+)
+
 
 def kllint(*args: str) -> Result:
     return CliRunner().invoke(main, list(args))
@@ -77,6 +106,14 @@ def test_fix_writes_the_value_preserving_surrogate_and_exits_0() -> None:
     assert path.read_text() == K3_FIXED
     # The comment and everything but the estimate are untouched.
     assert '# k3, logged as "kl"' in path.read_text()
+
+
+def test_a_sequence_estimate_in_a_helper_is_fixed_inside_it_with_a_per_sequence_credit() -> None:
+    path = write("anchor.py", SEQUENCE_K3_HELPER)
+    result = kllint("--fix", "anchor.py")
+    assert result.exit_code == 0, result.output
+    assert path.read_text() == SEQUENCE_K3_FIXED
+    assert kllint("anchor.py").exit_code == 0  # re-linted: nothing left
 
 
 def test_fix_twice_changes_nothing() -> None:

@@ -42,6 +42,9 @@ class Target:
     in_helper: str | None  # the helper the estimate is computed in, if any
     # The mask (and so the time axis) was read off the loss's code, not the IR.
     inferred_mask: bool = False
+    # The estimate is of each sequence's summed log-ratio (``exp(-s) + s - 1``
+    # with ``s = (logr * mask).sum(-1)``): one value per sequence, not per token.
+    per_sequence_estimate: bool = False
 
 
 @dataclass(frozen=True)
@@ -109,6 +112,13 @@ def target(finding: Finding) -> Target | None:
             a.level is Level.SEQUENCE for a in site.focus.atoms() if a.role in _LOGPROBS
         ),
         in_helper=site.origin.helper,
+        per_sequence_estimate=not ir.reaches(
+            site.focus,
+            found=lambda n: (
+                isinstance(n, ir.Atom) and n.role is Role.POLICY_LOGP and n.level is Level.TOKEN
+            ),
+            stop=lambda n: isinstance(n, ir.Reduce) and n.axis in (ir.Axis.TIME, ir.Axis.ALL),
+        ),
     )
 
 

@@ -159,7 +159,11 @@ def surrogate_text(target: Target, sign: int = 1) -> str:
     else:
         weight = log_ratio
     plus = "+" if sign > 0 else "-"
-    return f"{value}.detach() {plus} {weight} * ({policy} - {policy}.detach())"
+    credit = f"{weight} * ({policy} - {policy}.detach())"
+    if target.per_token and target.per_sequence_estimate:
+        # One value per sequence: the tokens' credit is summed to its shape.
+        credit = f"({credit}).sum(-1)"
+    return f"{value}.detach() {plus} {credit}"
 
 
 def refusal(target: Target) -> str | None:
