@@ -12,6 +12,7 @@ Functions over CST nodes and already-evaluated values."""
 from __future__ import annotations
 
 import re
+from collections import Counter
 from pathlib import Path
 
 import libcst as cst
@@ -303,28 +304,32 @@ def builds_object(module: ModuleInfo, cls: ClassInfo, attr: str) -> bool:
     """Some line of the class sets ``self.attr = Name(...)``, a class's
     object (read from its text: ``__init__`` need not be parsed to learn
     that it builds none)."""
-    key = (module.path, cls.name, attr)
-    known = _BUILDS.get(key)
-    if known is None:
-        built = rf"self\.{re.escape(attr)}\s*=\s*\(?\s*[A-Z]\w*\s*\("
-        known = _BUILDS[key] = re.search(built, _class_text(module, cls)) is not None
-    return known
-
-
-_BUILDS: dict[tuple[Path, str, str], bool] = {}
+    return attr in _self_attributes(module, cls)[1]
 
 
 def _self_assignments(module: ModuleInfo, cls: ClassInfo, attr: str) -> int:
     """How many lines of the class assign ``self.attr``."""
-    key = (module.path, cls.name, attr)
-    count = _ASSIGNMENTS.get(key)
-    if count is None:
-        assigned = rf"self\.{re.escape(attr)}\s*(?:[-+*/]?=)(?!=)"
-        count = _ASSIGNMENTS[key] = len(re.findall(assigned, _class_text(module, cls)))
-    return count
+    return _self_attributes(module, cls)[0].get(attr, 0)
 
 
-_ASSIGNMENTS: dict[tuple[Path, str, str], int] = {}
+def _self_attributes(module: ModuleInfo, cls: ClassInfo) -> tuple[Counter[str], frozenset[str]]:
+    """How often the class's text assigns each ``self.x``, and which it sets
+    to a class's object: one scan of the class per process (a pattern per
+    attribute asked about was compiled anew for each, beyond ``re``'s cache)."""
+    key = (module.path, cls.name)
+    known = _SELF_ATTRIBUTES.get(key)
+    if known is None:
+        text = _class_text(module, cls)
+        known = _SELF_ATTRIBUTES[key] = (
+            Counter(_ASSIGNED.findall(text)),
+            frozenset(_BUILT.findall(text)),
+        )
+    return known
+
+
+_ASSIGNED = re.compile(r"self\.(\w+)\s*(?:[-+*/]?=)(?!=)")
+_BUILT = re.compile(r"self\.(\w+)\s*=\s*\(?\s*[A-Z]\w*\s*\(")
+_SELF_ATTRIBUTES: dict[tuple[Path, str], tuple[Counter[str], frozenset[str]]] = {}
 
 
 def _passed_in(project: Project, module: ModuleInfo, cls: ClassInfo, attr: str) -> bool:
