@@ -13,7 +13,7 @@ from kllint.analysis import ir, lowering, roles, selectors
 from kllint.analysis.frame import Frame
 from kllint.analysis.ir import Role
 from kllint.analysis.module import ClassInfo, ModuleInfo, dotted_name, unparsed
-from kllint.analysis.syntax import code, descendants, full_code
+from kllint.analysis.syntax import children, code, descendants, full_code
 from kllint.analysis.values import (
     Choice,
     DictVal,
@@ -815,7 +815,7 @@ def _names_in(expr: cst.BaseExpression) -> frozenset[str]:
         node = stack.pop()
         if isinstance(node, cst.Name):
             found.add(node.value)
-        stack.extend(node.children)
+        stack.extend(children(node))
     names = frozenset(found)
     _NAMES_IN[id(expr)] = (expr, names)
     return names
@@ -840,7 +840,7 @@ def _reads_only_settings_of_self(expr: cst.BaseExpression) -> bool:
                 continue
         elif isinstance(node, cst.Name) and node.value == "self":
             return False  # ``self`` itself, passed along
-        stack.extend(node.children)
+        stack.extend(children(node))
     return True
 
 

@@ -195,14 +195,17 @@ def stored_rewards(target: cst.BaseExpression) -> str | None:
 def _stored_key(target: cst.BaseExpression) -> str | None:
     """The key a value is stored under for a loss to read back; None for a
     store into what holds metrics (``self.metrics["actor/reward_kl"] = ...``)."""
-    holder = target.value if isinstance(target, (cst.Subscript, cst.Attribute)) else None
-    if holder is not None and set(roles.words(_last_name(holder))) & _METRIC_HOLDERS:
+    # By class (LibCST's are final): asked of every store, and an ABC's
+    # ``isinstance`` is a Python call.
+    if type(target) is cst.Subscript:
+        holder, key = target.value, string_key(target)
+    elif type(target) is cst.Attribute:
+        holder, key = target.value, target.attr.value
+    else:
         return None
-    if isinstance(target, cst.Subscript):
-        return string_key(target)
-    if isinstance(target, cst.Attribute):
-        return target.attr.value
-    return None
+    if set(roles.words(_last_name(holder))) & _METRIC_HOLDERS:
+        return None
+    return key
 
 
 def _last_name(expr: cst.BaseExpression) -> str:

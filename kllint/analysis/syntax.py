@@ -18,18 +18,20 @@ def code(node: cst.CSTNode) -> str:
     """A short spelling of an expression for messages and evidence: names and
     attribute chains in full, calls and subscripts abbreviated. Generating the
     code of every unknown value in full cost more than parsing the file."""
-    if isinstance(node, (cst.Name, cst.Attribute)):
+    # By class (LibCST's are final): asked of every value the interpreter
+    # makes, and each ``isinstance`` against LibCST's ABCs is a Python call.
+    if type(node) is cst.Name or type(node) is cst.Attribute:
         dotted = dotted_name(node)
         if dotted is not None:
             return dotted
-    if isinstance(node, cst.Attribute):
+    if type(node) is cst.Attribute:
         return f"{code(node.value)}.{node.attr.value}"  # ``model(ids).logits``
-    if isinstance(node, cst.Call):
+    if type(node) is cst.Call:
         return f"{code(node.func)}(...)"
-    if isinstance(node, cst.Subscript):
+    if type(node) is cst.Subscript:
         key = string_key(node)
         return f"{code(node.value)}[{key!r}]" if key is not None else f"{code(node.value)}[...]"
-    if isinstance(node, (cst.Integer, cst.Float, cst.SimpleString)):
+    if type(node) is cst.Integer or type(node) is cst.Float or type(node) is cst.SimpleString:
         return node.value
     return full_code(node)
 
@@ -74,12 +76,21 @@ def descendants(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
     while stack:
         current = stack.pop()
         yield current
-        for name in _child_fields(type(current)):
-            value = getattr(current, name)
-            if isinstance(value, cst.CSTNode):
-                stack.append(value)
-            elif isinstance(value, (list, tuple)):
-                stack.extend(v for v in value if isinstance(v, cst.CSTNode))
+        stack.extend(children(current))
+
+
+def children(node: cst.CSTNode) -> list[cst.CSTNode]:
+    """The nodes directly below ``node``, from its fields (LibCST's
+    ``children`` runs a visitor)."""
+    found: list[cst.CSTNode] = []
+    for name in _child_fields(type(node)):
+        value = getattr(node, name)
+        kind = type(value)
+        if kind is list or kind is tuple:
+            found.extend(v for v in value if _is_node(type(v)))
+        elif _is_node(kind):
+            found.append(value)
+    return found
 
 
 def _child_fields(kind: type[cst.CSTNode]) -> tuple[str, ...]:
@@ -90,3 +101,15 @@ def _child_fields(kind: type[cst.CSTNode]) -> tuple[str, ...]:
 
 
 _FIELDS: dict[type[cst.CSTNode], tuple[str, ...]] = {}
+
+
+def _is_node(kind: type) -> bool:
+    """``isinstance(value, cst.CSTNode)`` by the value's class, remembered:
+    LibCST's classes are ABCs, whose check is a Python call each time."""
+    known = _NODE_KINDS.get(kind)
+    if known is None:
+        known = _NODE_KINDS[kind] = issubclass(kind, cst.CSTNode)
+    return known
+
+
+_NODE_KINDS: dict[type, bool] = {}
