@@ -231,17 +231,30 @@ class Calls(Expressions):
             func.value.value, method, args, kwargs, call
         ):
             return Py(None)
+        if isinstance(receiver, Instance) and method == lowering.SAVE_FOR_BACKWARD:
+            # ``ctx.save_for_backward(ratio)`` in a custom Function's forward.
+            receiver.attrs[lowering.SAVED_TENSORS[0]] = Seq([self.eval(a.value) for a in args])
+            return Py(None)
         if isinstance(receiver, Unknown) and (receiver.class_name or receiver.module):
+            if method == lowering.AUTOGRAD_FUNCTION_CALL:
+                custom = self.autograd_function(func.value, call)
+                if custom is not None:
+                    return custom
             static = self.class_method(func.value, method)
             if static is not None:
                 return self.inline(static, call)
-        if isinstance(receiver, Unknown) and receiver.module is not None:
-            return self.call_module_function(receiver.module, method, call, args, kwargs)
-        if method in lowering.LOSS_SCALING and isinstance(receiver, Unknown) and len(args) == 1:
-            # ``scaler.scale(loss).backward()`` (AMP): the scaled loss is the loss.
+        if (
+            method in lowering.LOSS_SCALING
+            and isinstance(receiver, (Unknown, ir.Opaque))
+            and len(args) == 1
+        ):
+            # ``scaler.scale(loss).backward()`` (AMP), the scaler built by
+            # ``torch.amp.GradScaler(...)`` or not: the scaled loss is the loss.
             scaled = self.eval(args[0].value)
             if isinstance(scaled, (ir.Node, Choice)):
                 return scaled
+        if isinstance(receiver, Unknown) and receiver.module is not None:
+            return self.call_module_function(receiver.module, method, call, args, kwargs)
         if isinstance(receiver, (ir.Node, Choice, Flipped, Grouped)) and not isinstance(
             receiver, ir.Opaque
         ):
@@ -260,6 +273,58 @@ class Calls(Expressions):
                     return self.inline(found, call)
             return self.unknown_method(call, method, receiver, args, kwargs)
         return Unknown(code(call), (method,), call=True)
+
+    def autograd_function(self, receiver: cst.BaseExpression, call: cst.Call) -> Value | None:
+        """``FusedKL.apply(logp, ref)``, a ``torch.autograd.Function`` of the
+        project: the value ``forward`` returns with the gradient ``backward``
+        gives each input. A backward that returns ``grad_output`` times a
+        factor (a fused derivative, a score function's weight) is read as
+        that factor, the vector-Jacobian product of an elementwise map:
+        the term is ``sg(value) + sum_i sg(factor_i) * (x_i - sg(x_i))``, which
+        has both. Any other backward leaves the call unknown."""
+        if not isinstance(receiver, cst.Name) or any(a.keyword or a.star for a in call.args):
+            return None
+        found = self.context.project.class_named(receiver.value, self.module)
+        if found is None or not lowering.is_autograd_function(found[0].bases):
+            return None
+        cls, module = found
+        forward = self.context.project.method(cls, module, "forward")
+        backward = self.context.project.method(cls, module, "backward")
+        if forward is None or backward is None:
+            return None
+        inputs = [self.eval(a.value) for a in call.args]
+        ctx = Instance(cls, module)
+        value = self.inline(replace(forward, bound=False, preset_args=(ctx,)), call, inputs)
+        if not isinstance(value, ir.Node) or isinstance(value, ir.Opaque):
+            return None
+        params = [*backward.node.params.posonly_params, *backward.node.params.params]
+        if len(params) != 2:
+            return None
+        grad_output = ir.Atom(Role.COEFFICIENT, params[1].name.value)
+        given = self.inline(
+            replace(backward, bound=False, preset_args=(ctx, grad_output)), call, [], []
+        )
+        grads = given.items if isinstance(given, Seq) else [given]
+        origin = self.origin(call)
+        if self.call_site is None:
+            origin.notes.append(f"gradient read from the hand-written `{cls.name}.backward`")
+        term = ir.detach(value, origin)
+        for position, x in enumerate(inputs):
+            if not isinstance(x, ir.Node) or not ir.depends_on_policy(x):
+                continue
+            grad = grads[position] if position < len(grads) else Py(None)
+            if isinstance(grad, Py) and grad.value is None:
+                continue  # ``return None``: no gradient for this input
+            if not isinstance(grad, ir.Node):
+                return None
+            factor = _factor_of(grad, grad_output)
+            if factor is None:
+                return None
+            score = ir.binary("sub", x, ir.detach(x, origin), origin)
+            term = ir.binary(
+                "add", term, ir.binary("mul", ir.detach(factor, origin), score, origin), origin
+            )
+        return term
 
     def instantiate(
         self,
@@ -580,8 +645,15 @@ class Calls(Expressions):
         return None
 
     def _reference_args(self, call: cst.Call) -> bool:
-        names = [n for a in call.args for n in chain_names(_unscaled(a.value))]
         func_names = chain_names(call.func)
+        # ``AutoModelForCausalLM.from_pretrained(args.base_model)`` loads the
+        # policy and the reference alike: where the weights come from says
+        # nothing of which one a model is (its variable's name does).
+        names = (
+            []
+            if "from_pretrained" in func_names
+            else [n for a in call.args for n in chain_names(_unscaled(a.value))]
+        )
         # Inside a helper, ``model(ids)`` is the reference model when the
         # caller passed one (``_lp(self.ref_model, ids)``): the parameter
         # holds what the caller named it (its last name: ``ref_policy``, not
@@ -807,3 +879,22 @@ def _rejoined(pieces: Value) -> Value | None:
         elif not isinstance(piece, ir.Node) or ir.structure(piece) != ir.structure(first):
             return None
     return first
+
+
+def _factor_of(grad: ir.Node, grad_output: ir.Atom) -> ir.Node | None:
+    """``f`` when ``grad`` is ``grad_output * f`` (up to signs, products
+    and divisors that do not hold ``grad_output``); None otherwise."""
+    if grad is grad_output:
+        return ir.Const(1.0)
+    if isinstance(grad, ir.Unary) and grad.op == "neg":
+        inner = _factor_of(grad.arg, grad_output)
+        return ir.neg(inner) if inner is not None else None
+    if isinstance(grad, ir.Binary) and grad.op in ("mul", "div"):
+        left, right = ir.contains(grad.left, grad_output), ir.contains(grad.right, grad_output)
+        if left and not right:
+            inner = _factor_of(grad.left, grad_output)
+            return ir.binary(grad.op, inner, grad.right) if inner is not None else None
+        if right and not left and grad.op == "mul":
+            inner = _factor_of(grad.right, grad_output)
+            return ir.binary("mul", grad.left, inner) if inner is not None else None
+    return None

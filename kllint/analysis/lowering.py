@@ -10,7 +10,7 @@ into an IR node) and never evaluates code itself."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import libcst as cst
@@ -534,6 +534,19 @@ def decorated_no_grad(fn: cst.FunctionDef) -> bool:
         if name is not None and name.split(".")[-1] in NO_GRAD:
             return True
     return False
+
+
+# ``class FusedKL(torch.autograd.Function)``: a hand-written gradient. Its
+# ``forward(ctx, ...)`` gives the value, its ``backward(ctx, grad_output)`` the
+# gradient of each input; what ``ctx`` keeps between the two is read back.
+AUTOGRAD_FUNCTION_CALL = "apply"
+SAVE_FOR_BACKWARD = "save_for_backward"
+SAVED_TENSORS = ("saved_tensors", "saved_variables")
+
+
+def is_autograd_function(bases: Sequence[str]) -> bool:
+    """A class deriving from ``torch.autograd.Function`` (however imported)."""
+    return any(base.rpartition(".")[2] == "Function" for base in bases)
 
 
 # ----------------------------------------------------------------- torch functions
