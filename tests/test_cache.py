@@ -32,8 +32,8 @@ def _logged_check_source(source: str, path: str, project: object, roles: object)
 
 @pytest.fixture
 def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A package: ``train.py`` and ``rollout.py`` backpropagate a k3 helper
-    of ``estimates.py`` (reported once, where it is written); ``data.py``
+    """A package: ``train.py`` and ``rollout.py`` backpropagate a k3 loss
+    helper of ``estimates.py`` (reported once, where it is written); ``data.py``
     uses nothing of it and backpropagates nothing (a file with a backward
     pass could become a caller of any helper: every helper judged by its
     callers depends on it)."""
@@ -45,8 +45,9 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     package.mkdir()
     (package / "__init__.py").write_text("")
     (package / "estimates.py").write_text(
-        "import torch\n\n\ndef divergence(policy_logp, ref_logp):\n"
-        "    return torch.exp(ref_logp - policy_logp) - (ref_logp - policy_logp) - 1\n"
+        "import torch\n\n\ndef divergence(policy_logp, ref_logp, mask):\n"
+        "    kl = torch.exp(ref_logp - policy_logp) - (ref_logp - policy_logp) - 1\n"
+        "    return (kl * mask).sum(-1).mean()\n"
     )
     for name in ("train", "rollout"):
         (package / f"{name}.py").write_text(
@@ -56,8 +57,7 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
                 def step(policy_logp, ref_logp, mask):
-                    penalty = divergence(policy_logp, ref_logp)
-                    loss = (penalty * mask).sum(-1).mean()
+                    loss = divergence(policy_logp, ref_logp, mask)
                     loss.backward()
                 """
             )
@@ -79,7 +79,7 @@ def run(*args: str) -> tuple[str, list[str]]:
 def test_a_warm_run_reports_the_same_without_analysing(project: Path) -> None:
     cold, analysed = run("pkg")
     assert analysed == ["data.py", "estimates.py", "rollout.py", "train.py"]
-    assert "pkg/estimates.py:5:12: KL002" in cold  # where the estimator is written
+    assert "pkg/estimates.py:5:10: KL002" in cold  # where the estimator is written
     warm, analysed = run("pkg")
     assert (warm, analysed) == (cold, [])
     assert (Path(CACHE_DIR_NAME) / ".gitignore").read_text().endswith("*\n")
@@ -102,7 +102,7 @@ def test_editing_a_helper_reanalyses_exactly_the_files_that_used_it(project: Pat
     )
     output, analysed = run("pkg")
     assert analysed == ["estimates.py", "rollout.py", "train.py"]
-    assert "KL002" not in output and "pkg/estimates.py:5:12: KL001" in output
+    assert "KL002" not in output and "pkg/estimates.py:5:10: KL001" in output
 
 
 def test_editing_a_file_reanalyses_only_that_file(project: Path) -> None:

@@ -172,11 +172,13 @@ def test_a_caller_that_builds_its_own_estimator_from_the_result() -> None:
 
 
 def test_one_bug_one_finding_across_modules(tmp_path: Path) -> None:
-    # The fixture package linted whole, as a project is: each helper's KL is
-    # reported in ``terms.py``, where it is written, and not again at the
-    # trainer's calls; the trainer's own k3 is reported in the trainer, and so
-    # is the k3 reward it stores for a loss elsewhere (at the call that gives
-    # the helper its log-probs).
+    # The fixture package linted whole, as a project is: a helper that reduces
+    # its KL into the loss it returns is reported in ``terms.py``, where it is
+    # written, naming the caller that backpropagates it, and not again at that
+    # call; a helper returning a per-token estimate is reported at the call
+    # that reduces it into a loss (``trainer.py:33``), and not in ``terms.py``;
+    # the trainer's own k3 is reported in the trainer, and so is the k3 reward
+    # stored for a loss elsewhere (at the call that gives the helper its log-probs).
     import shutil
 
     from kllint.config import load_settings
@@ -187,13 +189,13 @@ def test_one_bug_one_finding_across_modules(tmp_path: Path) -> None:
     result = lint_paths([package], load_settings([package]), jobs=1)
     found = sorted((Path(f.path).name, f.line, f.code) for f in result.findings)
     assert found == [
-        ("terms.py", 24, "KL002"),
-        ("terms.py", 31, "KL002"),
-        ("trainer.py", 62, "KL004"),
-        ("trainer.py", 70, "KL002"),
+        ("terms.py", 32, "KL002"),
+        ("trainer.py", 35, "KL002"),
+        ("trainer.py", 60, "KL002"),
+        ("trainer.py", 81, "KL004"),
     ]
-    (helper,) = [f for f in result.findings if f.line == 24]
-    assert any("to `train_step`" in note and "trainer.py:33" in note for note in helper.notes)
+    (helper,) = [f for f in result.findings if f.path.endswith("terms.py")]
+    assert any("to `fused_step`" in note and "trainer.py" in note for note in helper.notes)
 
 
 def test_a_value_a_project_helper_detaches_is_left_to_the_caller() -> None:

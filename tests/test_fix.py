@@ -116,6 +116,48 @@ def test_a_sequence_estimate_in_a_helper_is_fixed_inside_it_with_a_per_sequence_
     assert kllint("anchor.py").exit_code == 0  # re-linted: nothing left
 
 
+TOKEN_K3_OF_ANOTHER_MODULE = """\
+import torch
+
+
+def low_var_kl(logp, ref_logp):
+    log_ratio = ref_logp - logp
+    return torch.exp(log_ratio) - log_ratio - 1
+"""
+
+TRAIN_STEP_CALLING_IT = """\
+from .estimators import low_var_kl
+
+
+def train_step(policy, optimizer, batch, beta=0.04):
+    logp = policy(batch["input_ids"]).log_probs
+    mask = batch["mask"]
+    kl = low_var_kl(logp, batch["ref_logp"])
+    loss = beta * (kl * mask).sum(-1).mean()
+    loss.backward()
+    optimizer.step()
+"""
+
+
+def test_a_per_token_helper_of_another_module_is_fixed_at_its_call() -> None:
+    # The helper returns a per-token k3: the call that reduces it into a loss
+    # is where the finding is, and where the surrogate goes, reading the
+    # reference's log-probs as the call does (``batch["ref_logp"]``).
+    Path("pkg").mkdir()
+    write("pkg/__init__.py", "")
+    helper = write("pkg/estimators.py", TOKEN_K3_OF_ANOTHER_MODULE)
+    step = write("pkg/train.py", TRAIN_STEP_CALLING_IT)
+    result = kllint("--fix", "pkg")
+    assert result.exit_code == 0, result.output
+    assert helper.read_text() == TOKEN_K3_OF_ANOTHER_MODULE
+    assert (
+        '    kl = low_var_kl(logp, batch["ref_logp"]).detach()'
+        ' + ((logp - batch["ref_logp"]).detach() * mask).flip(-1).cumsum(-1).flip(-1)'
+        " * (logp - logp.detach())\n"
+    ) in step.read_text()
+    assert kllint("pkg").exit_code == 0  # re-linted: nothing left
+
+
 def test_fix_twice_changes_nothing() -> None:
     path = write("grpo.py", K3_LOSS)
     kllint("--fix", "grpo.py")

@@ -557,7 +557,9 @@ class Interpreter(Calls):
             self.function_node,
             self.cls.name if self.cls is not None else None,
         )
-        if caller is None:
+        if caller is None or _per_token_kl(value):
+            # A per-token estimate: how it is reduced, and so whether it is
+            # a bug, is the caller's; its call is the line the rule book names.
             return
         description = sinks.caller_description(caller, self.function_name)
         for item, shown in sinks.returned_losses(
@@ -957,6 +959,7 @@ class Interpreter(Calls):
             self.call_site is None
             and not site.reported_by_helper
             and sinks.may_hold_kl(result)
+            and not _per_token_kl(result)
             and not sinks.is_advantage_function(ref.name)
             and self.context.project.reports_on(ref.module)
             and sinks.backprop_caller(
@@ -967,8 +970,8 @@ class Interpreter(Calls):
             )
             is not None
         ):
-            # A helper some caller backpropagates is judged in its own file,
-            # naming that caller: one bug, one finding.
+            # A helper some caller backpropagates, which reduces its KL itself,
+            # is judged in its own file, naming that caller: one bug, one finding.
             site.reported_by_helper = True
         return self.credit_rewards(ref.name, call, result)
 
@@ -1073,6 +1076,22 @@ def _defect_of_its_own(value: Value) -> bool:
         ):
             return True
     return False
+
+
+def _per_token_kl(value: Value) -> bool:
+    """What a helper returns holds a KL term not yet reduced over each
+    sequence (``low_var_kl(logp, ref)``), whatever the levels of the
+    log-probs it was given: the same answer in the helper's own file and
+    at its call, so that exactly one of them reports it."""
+    return any(
+        ir.reaches(
+            node,
+            found=lambda n: isinstance(n, ir.Atom) and n.role is Role.REFERENCE_LOGP,
+            stop=lambda n: isinstance(n, ir.Reduce) and n.axis in (ir.Axis.TIME, ir.Axis.ALL),
+        )
+        for node in tensors_of(value)
+        if not ir.is_detached(node) and sinks.may_hold_kl(node)
+    )
 
 
 def _per_token_reference(node: ir.Node) -> bool:

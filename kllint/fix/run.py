@@ -15,6 +15,7 @@ from kllint.fix import adapter, verify
 from kllint.fix.adapter import Target
 from kllint.fix.apply import Edit, edit, encode, rewrite, unified_diff, write_atomic
 from kllint.fix.plan import (
+    FIXABLE_CODES,
     NO_FIX,
     SCORE_FUNCTION,
     Applicability,
@@ -121,6 +122,12 @@ def _fix_file(
         first = group[0]
         originals = [reported[id(t.finding)] for t in group]
         reason = refusal(first)
+        others = sorted({t.finding.code for t in group} - set(FIXABLE_CODES))
+        if reason is None and others:
+            # A negated k3 (KL002 and KL006 on one estimate): a surrogate that
+            # also turned the gradient round would keep the minus sign and hide
+            # the second bug; the sign is the user's to decide first.
+            reason = f"the estimate is also {', '.join(others)}, which has no automatic fix"
         candidates = [] if reason is not None else _candidates(first, scope)
         if reason is None and not candidates:
             reason = "the names the rewrite needs are not all bound where the estimate is used"
@@ -210,6 +217,11 @@ def _candidates(target: Target, scope: Scope) -> list[Target]:
         )
     elif target.mask is not None:
         target = replace(target, mask=scope.variable_for(target.mask, estimate_node) or target.mask)
+    target = replace(
+        target,
+        policy=tuple(scope.spelling(n, estimate_node) for n in target.policy),
+        reference=tuple(scope.spelling(n, estimate_node) for n in target.reference),
+    )
     names = [*target.policy, *target.reference]
 
     def usable(node: cst.CSTNode, mask: str | None) -> bool:

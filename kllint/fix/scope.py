@@ -71,6 +71,20 @@ class Scope:
             return False
         return all(self._bound_before(root, node) for root in roots)
 
+    def spelling(self, name: str, node: cst.CSTNode) -> str:
+        """How the code reads the value the analysis calls ``name`` at
+        ``node``: the name itself when it is bound there, else an entry
+        of a container the statement reads by that key
+        (``batch["ref_log_probs"]``, given to a helper at its call)."""
+        if self.bound_before(name, node):
+            return name
+        finder = _KeyedReads(name)
+        self.statement_of(node).visit(finder)
+        for sub in finder.found:
+            if self.bound_before(_code(sub.value), node):
+                return _code(sub)
+        return name
+
     def variable_for(self, expression: str, node: cst.CSTNode) -> str | None:
         """The variable the function assigned ``expression`` to, up to a cast
         (``completion_mask = (idx <= eos).int()``): the analysis names a value
@@ -167,6 +181,21 @@ def _normalised(text: str) -> str:
     while text.startswith("(") and text.endswith(")"):
         text = text[1:-1]
     return text
+
+
+class _KeyedReads(cst.CSTVisitor):
+    """``container["key"]`` reads of one string key, in source order."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        self.found: list[cst.Subscript] = []
+
+    def visit_Subscript(self, node: cst.Subscript) -> None:
+        if len(node.slice) != 1 or not isinstance(node.slice[0].slice, cst.Index):
+            return
+        index = node.slice[0].slice.value
+        if isinstance(index, cst.SimpleString) and index.evaluated_value == self.key:
+            self.found.append(node)
 
 
 class _Masks(cst.CSTVisitor):
