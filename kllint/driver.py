@@ -337,7 +337,7 @@ def _right_together(verdicts: list[_Verdict]) -> set[int]:
                 and first.owner == second.owner
                 and _one_pipeline(first, second)
                 and any(settings_agree(a, b) for a in first.branches for b in second.branches)
-                and _correct_together([first.site.term, second.site.term])
+                and _halves_right_together(first, second)
             ):
                 paired.update((id(first), id(second)))
     helpers = {
@@ -378,6 +378,58 @@ def _kept(verdicts: list[_Verdict], cleared: set[int]) -> list[_Verdict]:
             v.site.origin.helper and (v.rule.code, id(v.site.origin.helper_node)) in reported_inside
         )
     ]
+
+
+def _halves_right_together(first: _Verdict, second: _Verdict) -> bool:
+    """The two halves sum to the sequence gradient. A reward stored for a loss
+    kllint assumes (advantages read back elsewhere) is tried on each of its
+    paths (whitened or not: at most a few), and that loss does not show what
+    divides it: a setting that divides the KL loss (``loss /
+    gradient_accumulation_steps``) is taken to divide it too, when the two
+    halves share their coefficient (``self.kl_coef``)."""
+    if _correct_together([first.site.term, second.site.term]):
+        return True
+    elsewhere = [any(s.read_elsewhere for s in v.sinks) for v in (first, second)]
+    if elsewhere[0] == elsewhere[1]:
+        return False
+    assumed, known = (first, second) if elsewhere[0] else (second, first)
+    paths: dict[tuple[object, ...], ir.Node] = {}
+    for site in (assumed.site, *assumed.alternatives):
+        paths.setdefault(ir.gradient_structure(site.term), site.term)
+    for term in list(paths.values())[:_PATHS_TRIED]:
+        if term is not assumed.site.term and _correct_together([term, known.site.term]):
+            return True
+        if _with_the_readers_divisors(term, known.site.term):
+            return True
+    return False
+
+
+# Each pairing computes a gradient profile: a trainer's reward has a few
+# paths (whitening on or off), never many worth the time.
+_PATHS_TRIED = 4
+
+
+def _with_the_readers_divisors(assumed: ir.Node, known: ir.Node) -> bool:
+    shared = _coefficients(assumed) & _coefficients(known)
+    divisors = [
+        node.right
+        for node in known.walk()
+        if isinstance(node, ir.Binary)
+        and node.op == "div"
+        and isinstance(node.right, ir.Atom)
+        and node.right.role is ir.Role.COEFFICIENT
+        and node.right.name not in shared
+    ]
+    if not shared or not divisors:
+        return False
+    undivided = ir.substitute(known, {id(d): ir.Const(1.0) for d in divisors})
+    return _correct_together([assumed, undivided])
+
+
+def _coefficients(term: ir.Node) -> set[str]:
+    return {
+        n.name for n in term.walk() if isinstance(n, ir.Atom) and n.role is ir.Role.COEFFICIENT
+    }
 
 
 def _correct_together(terms: list[ir.Node]) -> bool:

@@ -407,15 +407,13 @@ class Expressions(Frame):
         if len(built) != 1 or not isinstance(built[0], cst.Call):
             return None
         call = built[0]
-        if not isinstance(call.func, cst.Name) or not call.func.value[:1].isupper():
-            return None
         if not all(
             selectors.is_selector_literal(a.value)
             or isinstance(a.value, (cst.Float, cst.Attribute, cst.Name))
             for a in call.args
         ):
             return None
-        found = self.context.project.class_named(call.func.value, self.module)
+        found = self.class_built(init, call.func)
         if found is None or not any(
             self.context.project.method(found[0], found[1], name) is not None
             for name in ("forward", "__call__")
@@ -430,6 +428,25 @@ class Expressions(Frame):
         ):
             return None
         return self.instantiate(found[0], found[1], call, arguments)
+
+    def class_built(
+        self, init: cst.FunctionDef, func: cst.BaseExpression
+    ) -> tuple[ClassInfo, ModuleInfo] | None:
+        """The class of the project ``__init__`` builds: named
+        (``KLLoss(...)``) or picked from a registry by a setting
+        (``KL_MODULES[cfg.kl_estimator]()``, the setting's default read)."""
+        if isinstance(func, cst.Name) and func.value[:1].isupper():
+            return self.context.project.class_named(func.value, self.module)
+        if not (
+            isinstance(func, cst.Subscript)
+            and isinstance(func.value, cst.Name)
+            and func.value.value[:1].isupper()
+        ):
+            return None
+        (picked,) = self.eval_in_init(init, [func])
+        if not isinstance(picked, Unknown) or picked.class_name is None:
+            return None
+        return self.context.project.class_named(picked.class_name, self.module)
 
     def setting_in_init(self, attr: str) -> Py | ir.Atom | FuncRef | None:
         """``self.kl_type`` set once, in ``__init__``, from the settings it was

@@ -443,9 +443,22 @@ class Interpreter(Calls):
             return False if all(o is False for o in outcomes) else None
         return None
 
+    def pieces(self, assignment: cst.Assign) -> Seq | None:
+        """``chunks = torch.split(x, response_lengths)``: pieces, each what
+        ``x`` is, for the loops over them (``zip(chunks, loss_masks)``).
+        Unpacked (``chosen, rejected = x.chunk(2)``) the pieces are different
+        rows, which one value cannot stand for: None, as for what is no tensor."""
+        cut = split_tensor(assignment.value)
+        if cut is None or not all(isinstance(t.target, cst.Name) for t in assignment.targets):
+            return None
+        whole = self.eval(cut)
+        if isinstance(whole, (ir.Node, Choice)) and not isinstance(whole, ir.Opaque):
+            return Seq([whole], appended=True)
+        return None
+
     def exec_small(self, small: cst.BaseSmallStatement) -> bool:
         if isinstance(small, cst.Assign):
-            value = self.eval(small.value)
+            value = self.pieces(small) or self.eval(small.value)
             for target in small.targets:
                 self.assign(target.target, value, small)
         elif isinstance(small, cst.AnnAssign) and small.value is not None:

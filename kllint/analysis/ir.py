@@ -274,6 +274,19 @@ def has_unknown_gradient(x: Node) -> bool:
     return any(has_unknown_gradient(c) for c in x.children())
 
 
+def has_unknown_gradient_but_normalisers(x: Node) -> bool:
+    """As ``has_unknown_gradient``, but a value kllint cannot read that
+    divides (``/ loss_denom``, ``/ n_tokens_global``) is a normaliser: a
+    count of tokens or samples, not a path to the policy."""
+    if isinstance(x, Opaque):
+        return True
+    if isinstance(x, Unary) and x.op == "detach":
+        return False
+    if isinstance(x, Binary) and x.op == "div" and isinstance(x.right, Opaque):
+        return has_unknown_gradient_but_normalisers(x.left)
+    return any(has_unknown_gradient_but_normalisers(c) for c in x.children())
+
+
 def detached_as_a_whole(x: Node) -> bool:
     """``loss.detach()`` (up to sign and scaling): a value returned for logging."""
     while True:

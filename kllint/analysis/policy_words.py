@@ -38,5 +38,9 @@ OLD_WORDS = frozenset(
         "inference",
         "gen",
         "generation",
+        # AReaL's decoupled PPO: the proximal policy, recomputed without
+        # gradient before the update, between the behaviour policy and the learner.
+        "prox",
+        "proximal",
     }
 )

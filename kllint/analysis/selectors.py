@@ -328,7 +328,9 @@ def _self_attributes(module: ModuleInfo, cls: ClassInfo) -> tuple[Counter[str], 
 
 
 _ASSIGNED = re.compile(r"self\.(\w+)\s*(?:[-+*/]?=)(?!=)")
-_BUILT = re.compile(r"self\.(\w+)\s*=\s*\(?\s*[A-Z]\w*\s*\(")
+# ``self.kl = KLLoss(...)``, or a class picked from a registry and built
+# (``self.kl_fn = KL_MODULES[cfg.kl_estimator]()``).
+_BUILT = re.compile(r"self\.(\w+)\s*=\s*\(?\s*[A-Z]\w*\s*(?:\[[^\]\n]*\]\s*)?\(")
 _SELF_ATTRIBUTES: dict[tuple[Path, str], tuple[Counter[str], frozenset[str]]] = {}
 
 

@@ -312,6 +312,10 @@ def focus_of(term: ir.Node) -> ir.Node:
             # ``kl_loss = kl_loss + chunk_kl.sum()`` in a loop): the term is
             # what is accumulated, written where each chunk's estimate is.
             node = node.right
+        elif isinstance(node, ir.Binary) and node.op == "sub" and _zero(node.left):
+            # ``token_rewards = torch.zeros_like(mask)``, then
+            # ``token_rewards - beta * kl``: a negation, the estimate is ``kl``.
+            node = node.right
         elif isinstance(node, ir.Binary) and node.op == "add" and _times_zero(node.right):
             # GAE's first step: ``delta + gamma * lam * lastgaelam`` with
             # ``lastgaelam = 0``.

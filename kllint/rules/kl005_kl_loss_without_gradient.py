@@ -20,10 +20,11 @@ def applies(site: KLSite) -> bool:
     return (
         site.profile.direction is Direction.NONE
         and not site.loss_detached
-        # A claim of absence: an unknown factor might be the gradient path,
-        # and a policy log-prob outside any detach means the zero came from
-        # two log-probs kllint cannot tell apart, not from a missing path.
-        and not ir.has_unknown_gradient(site.term)
+        # A claim of absence: an unknown factor might be the gradient path
+        # (an unknown divisor is a token count), and a policy log-prob outside
+        # any detach means the zero came from two log-probs kllint cannot tell
+        # apart, not from a missing path.
+        and not ir.has_unknown_gradient_but_normalisers(site.term)
         and not site.gradient_names
     )
 
