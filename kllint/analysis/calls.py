@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import libcst as cst
 
-from kllint.analysis import ir, lowering, roles, sinks
+from kllint.analysis import ir, lowering, roles, selectors, sinks
 from kllint.analysis.expressions import Expressions
 from kllint.analysis.ir import Role
 from kllint.analysis.lowering import (
@@ -94,23 +94,42 @@ class Calls(Expressions):
                 method = self.context.project.method(callee.cls, callee.module, name)
                 if method is not None:
                     return self.inline(replace(method, receiver=callee), call)
-        if (
-            isinstance(callee, Unknown)
-            and isinstance(call.func, cst.Name)
-            and call.func.value[
-                :1
-            ].isupper()  # a class, by convention: no module parsed for a function
-        ):
-            imported = self.module.imports.get(call.func.value)
+        class_called = (
+            # A class, by convention: no module parsed for a function. ``cls``
+            # in a classmethod is the class it was called on (``from_config``).
+            call.func.value
+            if isinstance(call.func, cst.Name) and call.func.value[:1].isupper()
+            else callee.class_name
+            if isinstance(callee, Unknown) and isinstance(call.func, cst.Name)
+            and call.func.value == "cls"
+            else None
+        )
+        if isinstance(callee, Unknown) and class_called is not None:
+            imported = self.module.imports.get(class_called)
             found = None
             if (
                 imported is None
                 or imported.name is None
                 or not self.needs_no_parse(imported.module, imported.name, imported.level)
             ):
-                found = self.context.project.class_named(call.func.value, self.module)
-            if found is not None and _callable_class(self.context.project, *found):
+                found = self.context.project.class_named(class_called, self.module)
+            if found is not None and (
+                _callable_class(self.context.project, *found)
+                or (isinstance(call.func, cst.Name) and call.func.value == "cls")
+            ):
+                # An nn.Module (called later), or the object a classmethod
+                # factory builds (``return cls(coef=...)``), whose methods run.
                 return self.instantiate(found[0], found[1], call)
+            if (
+                found is not None
+                and _record_class(found[0])
+                and (_has_methods(found[0]) or not call.args)
+            ):
+                # ``kl: SequenceKL = SequenceKL()``, a dataclass built from its
+                # defaults, or one with methods (``kl.estimate(...)`` matching
+                # on ``self.kind``): an object whose fields hold their
+                # defaults or what the call gives.
+                return self.record_object(found[0], found[1], call)
             if found is not None and (call.args and _record_class(found[0])):
                 # ``PolicyOutput(logprobs=..., values=...)`` of a dataclass or
                 # ``NamedTuple``: ``out.logprobs`` is the log-prob computed,
@@ -358,6 +377,23 @@ class Calls(Expressions):
             instance.pending = build
         return instance
 
+    def record_object(self, cls: ClassInfo, module: ModuleInfo, call: cst.Call) -> Instance:
+        instance = Instance(cls, module)
+        for field in cls.fields:
+            if not field.annotated:
+                continue
+            default = field.literal if field.literal is not None else field.field_default
+            if default is not None:
+                instance.attrs[field.name] = Py(default)
+            elif field.member is not None:
+                # ``kl_mode: KLMode = KLMode.FULL_VOCAB``: the member's value.
+                member = selectors.class_constant(module, *field.member)
+                if member is not None:
+                    instance.attrs[field.name] = member
+        given = self.written_record(call, [f.name for f in cls.fields if f.annotated])
+        instance.attrs.update(given.items)
+        return instance
+
     def written_record(self, call: cst.Call, fields: Sequence[str]) -> DictVal:
         """The entries a call builds: its keywords, its positional arguments
         under ``fields`` in order, and a ``**`` dict kllint holds."""
@@ -382,7 +418,15 @@ class Calls(Expressions):
         if found is None:
             return None
         ref = self.context.project.method(found[0], found[1], method)
-        return replace(ref, bound=False) if ref is not None else None
+        if ref is None:
+            return None
+        params = ref.node.params.params
+        if params and params[0].name.value == "cls":
+            # ``LowVarianceKLShaper.from_config(config)``: ``cls`` is the class
+            # it is called on, a subclass of the one that defines it.
+            named = Unknown(receiver.value, (receiver.value,), class_name=receiver.value)
+            return replace(ref, bound=False, preset_kwargs={**ref.preset_kwargs, "cls": named})
+        return replace(ref, bound=False)
 
     def string_method(
         self, receiver: Py | Choice, method: str, args: list[cst.Arg]
@@ -819,6 +863,11 @@ def _record_class(cls: ClassInfo) -> bool:
     """A dataclass or ``NamedTuple`` (annotated fields, no ``__init__`` of its
     own): calling it builds a record of what it is given."""
     return "__init__" not in cls.methods and any(f.annotated for f in cls.fields)
+
+
+def _has_methods(cls: ClassInfo) -> bool:
+    """Methods of its own besides dunders (``__post_init__``, ``__repr__``)."""
+    return any(not (name.startswith("__") and name.endswith("__")) for name in cls.methods)
 
 
 def _callable_class(project: Project, cls: ClassInfo, module: ModuleInfo) -> bool:

@@ -71,7 +71,20 @@ class Expressions(Frame):
         return Py(text if isinstance(text, str) else None)
 
     def eval_formatted_string(self, expr: cst.FormattedString) -> Value:
-        return Py(None)
+        """``f"kl_{name}"`` with ``name`` a setting kllint reads: the name it
+        spells (``getattr(estimators, f"kl_{cfg.kl_estimator}")``)."""
+        pieces: list[str] = []
+        for part in expr.parts:
+            if isinstance(part, cst.FormattedStringText):
+                pieces.append(part.value)
+                continue
+            assert isinstance(part, cst.FormattedStringExpression)
+            plain = part.format_spec is None and part.conversion is None
+            value = self.eval(part.expression) if plain else None
+            if not isinstance(value, Py) or not isinstance(value.value, (str, int)):
+                return Py(None)
+            pieces.append(str(value.value))
+        return Py("".join(pieces))
 
     def eval_binary(self, expr: cst.BinaryOperation) -> Value:
         op = BINOPS.get(type(expr.operator).__name__)
@@ -558,6 +571,16 @@ class Expressions(Frame):
                     return default
             # Slicing keeps what a tensor is; a string key names what it holds.
             return self.entry(base, key, code(expr), per_token=_cut_along_time(expr, base))
+        if (
+            isinstance(base, ir.CumSum)
+            and isinstance(index, cst.Index)
+            and isinstance(index.value, cst.BinaryOperation)
+        ):
+            # ``csum[cu_seqlens[1:] - 1]``: a running sum read at positions the
+            # code computes (each packed segment's last token), no longer each
+            # token's running sum; what it holds is not a value kllint follows.
+            # (``returns[mb]``, rows picked by a slice or an index, keeps it.)
+            return ir.Opaque("a running sum read at computed positions")
         if isinstance(base, (ir.Node, Choice, Flipped, Grouped)):
             return base  # slicing a tensor keeps what it is
         return Unknown(code(expr), ("subscript",))

@@ -945,7 +945,7 @@ class Interpreter(Calls):
                             (self.no_grad or lowering.decorated_no_grad(ref.node))
                             and sinks.makes_rewards(ref.name)
                         )
-                        or not any(_policy_log_probs_in(v) for v in bound.values())
+                        or not any(_log_probs_in(v) for v in bound.values())
                     )
                 )
             )

@@ -50,10 +50,20 @@ CONFIG_WORDS = frozenset(
 
 def is_selector_literal(expr: cst.BaseExpression) -> bool:
     """A keyword default that picks a branch for a function analysed on its
-    own: a literal, a module constant (``cfg: dict = DEFAULT_CFG``) or an
-    Enum member (``kl_type: KLType = KLType.K1``)."""
+    own: a literal, a module constant (``cfg: dict = DEFAULT_CFG``), an
+    Enum member (``kl_type: KLType = KLType.K1``) or a settings object built
+    from literals (``kl: SequenceKL = SequenceKL()``, ``KLConfig(kind="k3")``)."""
     if isinstance(expr, (cst.SimpleString, cst.Integer)):
         return True
+    if isinstance(expr, cst.Call):
+        return (
+            isinstance(expr.func, cst.Name)
+            and expr.func.value[:1].isupper()
+            and all(
+                not a.star and isinstance(a.value, (cst.SimpleString, cst.Integer, cst.Float))
+                for a in expr.args
+            )
+        )
     if isinstance(expr, cst.Name):
         return expr.value in ("True", "False") or (expr.value.isupper() and len(expr.value) > 1)
     return (

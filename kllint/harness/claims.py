@@ -115,8 +115,11 @@ def claim_for(code: str, term: ir.Node) -> Claim | None:
         statement += " (with the sign the loss gives it)"
     if length_normalised(term) and ir.depends_on_policy(term):
         # (A term without gradient stays without it, however it is scaled.)
+        # The rule's own verdict up to a factor that depends on the policy
+        # (a per-token term averaged over each sequence, open-instruct's
+        # masked_mean) is measured as that verdict, and is as wrong.
         for regime in VARIABLE:
-            verdicts[regime] = frozenset({BIASED})
+            verdicts[regime] = verdicts[regime] | {BIASED}
         statement += "; biased on variable lengths (each sequence divided by its own length)"
     finite_batch: frozenset[str] = frozenset()
     if batch_nonlinear(term):
