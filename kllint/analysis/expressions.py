@@ -79,7 +79,7 @@ class Expressions(Frame):
                 pieces.append(part.value)
                 continue
             assert isinstance(part, cst.FormattedStringExpression)
-            plain = part.format_spec is None and part.conversion is None
+            plain = part.format_spec is None and part.conversion is None and part.equal is None
             value = self.eval(part.expression) if plain else None
             if not isinstance(value, Py) or not isinstance(value.value, (str, int)):
                 return Py(None)
