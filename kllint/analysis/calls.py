@@ -274,6 +274,12 @@ class Calls(Expressions):
                 return scaled
         if isinstance(receiver, Unknown) and receiver.module is not None:
             return self.call_module_function(receiver.module, method, call, args, kwargs)
+        if lowering.triangular_ones(receiver) is not None and method in TENSOR_IDENTITY:
+            return receiver  # ``weights.to(log_ratio.dtype)``: the same matrix
+        if method == "matmul" and len(args) == 1:
+            summed = lowering.matmul(self.torch_call(call), receiver, self.eval(args[0].value))
+            if summed is not None:
+                return summed
         if isinstance(receiver, (ir.Node, Choice, Flipped, Grouped)) and not isinstance(
             receiver, ir.Opaque
         ):

@@ -89,6 +89,10 @@ class Expressions(Frame):
     def eval_binary(self, expr: cst.BinaryOperation) -> Value:
         op = BINOPS.get(type(expr.operator).__name__)
         left, right = self.eval(expr.left), self.eval(expr.right)
+        if isinstance(expr.operator, cst.MatrixMultiply):
+            summed = lowering.matmul(self.torch_call(expr), left, right)
+            if summed is not None:
+                return summed
         if op is None:
             return Unknown(code(expr), ("binop",))
         if isinstance(left, Unknown) and not left.logprob_op:
@@ -148,9 +152,13 @@ class Expressions(Frame):
         if truth is False:
             return self.eval(expr.orelse)
         label = self.condition_label(expr.test)
-        return choice(
-            [(label, self.eval(expr.body)), (negate_condition(label), self.eval(expr.orelse))]
-        )
+        body, orelse = self.eval(expr.body), self.eval(expr.orelse)
+        if _given_or_default(expr) and isinstance(orelse, Instance) and isinstance(body, Unknown):
+            # ``args if args is not None else DistillConfig()``: settings the
+            # caller may give, else the config class's own; either way the
+            # class's defaults are the defaults (as for any typed setting).
+            return orelse
+        return choice([(label, body), (negate_condition(label), orelse)])
 
     def eval_display(self, expr: cst.Tuple | cst.List | cst.Dict) -> Value:
         """A tuple, list or dict written out."""
@@ -226,7 +234,13 @@ class Expressions(Frame):
         """``[k3(lp, ref) for lp, ref in zip(logps, ref_logps)]`` over micro-
         batches: like a loop body, the element is evaluated once with the
         loop variables bound to what each row is; one item stands for every row."""
-        if not (self.iterates_tensors(expr.for_in.iter) or self.computes_logprobs(expr.elt)):
+        if not (
+            self.iterates_tensors(expr.for_in.iter)
+            or self.computes_logprobs(expr.elt)
+            # ``[{k: v[i : i + mbs] for k, v in batch.items()} for i in range(...)]``:
+            # micro-batches of a batch, each with the entries written into it.
+            or isinstance(expr.elt, cst.DictComp)
+        ):
             return Unknown(code(expr), ("comprehension",))
         saved = dict(self.env)
         loop: cst.CompFor | None = expr.for_in
@@ -840,6 +854,21 @@ def _lambda_as_function(node: cst.Lambda) -> cst.FunctionDef:
     )
     _LAMBDAS[id(node)] = (node, function)
     return function
+
+
+def _given_or_default(expr: cst.IfExp) -> bool:
+    """``x if x is not None else default``."""
+    test = expr.test
+    return (
+        isinstance(test, cst.Comparison)
+        and len(test.comparisons) == 1
+        and isinstance(test.comparisons[0].operator, cst.IsNot)
+        and isinstance(test.comparisons[0].comparator, cst.Name)
+        and test.comparisons[0].comparator.value == "None"
+        and isinstance(test.left, cst.Name)
+        and isinstance(expr.body, cst.Name)
+        and test.left.value == expr.body.value
+    )
 
 
 def _names_in(expr: cst.BaseExpression) -> frozenset[str]:

@@ -480,6 +480,43 @@ def is_new_constant_tensor(node: ir.Node) -> bool:
     return isinstance(node, ir.Opaque) and node.reason in _NEW_CONSTANT_TENSORS
 
 
+# ``torch.triu(torch.ones(T, T))``: a [T, T] matrix of ones on and above the
+# diagonal. ``x @ triu`` sums each token's earlier log-ratios (a prefix sum),
+# ``x @ tril`` its later ones (the reward-to-go): True for a reverse sum.
+_TRIANGULAR_ONES = {".triu(ones)": False, ".tril(ones)": True}
+
+
+def triangular_ones(node: Value) -> bool | None:
+    """Whether ``x @ node`` is a reverse (True) or forward (False) cumulative
+    sum over time; None for anything else."""
+    if isinstance(node, ir.Opaque):
+        return _TRIANGULAR_ONES.get(node.reason)
+    return None
+
+
+def _triangle(name: str) -> FunctionLowering:
+    def lower(at: TorchCall, args: Args, kwargs: Kwargs) -> Value | None:
+        offset = args[1] if len(args) > 1 else kwargs.get("diagonal")
+        if (
+            args
+            and isinstance(args[0], ir.Opaque)
+            and args[0].reason == ".ones()"
+            and (offset is None or (isinstance(offset, ir.Const) and offset.value == 0))
+        ):
+            return ir.Opaque(f".{name}(ones)")
+        return None
+
+    return lower
+
+
+def matmul(at: TorchCall, x: Value, matrix: Value) -> Value | None:
+    """``log_ratio @ torch.tril(torch.ones(T, T))``: a cumulative sum over time."""
+    reverse = triangular_ones(matrix)
+    if reverse is None or not isinstance(x, ir.Node) or isinstance(x, ir.Opaque):
+        return None
+    return ir.CumSum(x, reverse=reverse, origin=at.origin)
+
+
 def tensor_method(at: TorchCall, name: str, receiver: Value, args: Args, kwargs: Kwargs) -> Value:
     """``receiver.name(*args, **kwargs)`` on a tensor."""
     lowering = TENSOR_METHODS.get(name)
@@ -740,6 +777,9 @@ TORCH_FUNCTIONS: dict[str, FunctionLowering] = {
     "tensor": _tensor,
     "as_tensor": _tensor,
     "scalar_tensor": _tensor,
+    "triu": _triangle("triu"),
+    "tril": _triangle("tril"),
+    "matmul": lambda at, args, kwargs: matmul(at, args[0], args[1]) if len(args) == 2 else None,
 }
 
 

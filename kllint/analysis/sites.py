@@ -439,6 +439,8 @@ def profile_of(term: ir.Node) -> GradientProfile | None:
     """A term's gradient profile, None where it cannot be classified.
     Alternatives of unrelated branches, and the same estimator in another
     function, repeat one gradient: computed once per gradient structure."""
+    if ir.depends_on_policy(term) and _opaque_offset(term):
+        return None  # (a term without gradient has none whatever the values)
     key = ir.gradient_structure(term)
     if key not in _PROFILES:
         try:
@@ -446,6 +448,39 @@ def profile_of(term: ir.Node) -> GradientProfile | None:
         except Unsupported:
             _PROFILES[key] = None
     return _PROFILES[key]
+
+
+def _opaque_offset(term: ir.Node) -> bool:
+    """A value kllint cannot read added to or subtracted from something in
+    the term (``loss_mask * (1 - torch.cat(...))``, a turn-end mask). As a
+    factor it is a positive weight that leaves the gradient's direction
+    alone; as an offset its sign and size decide it, so no verdict."""
+    stack, seen = [term], set()
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, ir.Binary) and node.op == "div":
+            stack.append(node.left)  # a divisor (``k - 1`` in RLOO's baseline) normalises
+            continue
+        if (
+            isinstance(node, ir.Binary)
+            and node.op in ("add", "sub")
+            and any(
+                isinstance(side, ir.Opaque) and not _starts_at_zero(side)
+                for side in (node.left, node.right)
+            )
+        ):
+            return True
+        stack.extend(node.children())
+    return False
+
+
+def _starts_at_zero(node: ir.Opaque) -> bool:
+    # ``total = torch.zeros(())`` then ``total = total + kl``: the running
+    # total's start, a constant that adds nothing.
+    return node.reason in (".zeros()", ".zeros_like()")
 
 
 def build_site(
