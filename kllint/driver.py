@@ -427,9 +427,7 @@ def _with_the_readers_divisors(assumed: ir.Node, known: ir.Node) -> bool:
 
 
 def _coefficients(term: ir.Node) -> set[str]:
-    return {
-        n.name for n in term.walk() if isinstance(n, ir.Atom) and n.role is ir.Role.COEFFICIENT
-    }
+    return {n.name for n in term.walk() if isinstance(n, ir.Atom) and n.role is ir.Role.COEFFICIENT}
 
 
 def _correct_together(terms: list[ir.Node]) -> bool:

@@ -94,17 +94,16 @@ class Calls(Expressions):
                 method = self.context.project.method(callee.cls, callee.module, name)
                 if method is not None:
                     return self.inline(replace(method, receiver=callee), call)
-        class_called = (
-            # A class, by convention: no module parsed for a function. ``cls``
-            # in a classmethod is the class it was called on (``from_config``).
-            call.func.value
-            if isinstance(call.func, cst.Name) and call.func.value[:1].isupper()
-            else callee.class_name
-            if isinstance(callee, Unknown) and isinstance(call.func, cst.Name)
-            and call.func.value == "cls"
-            else None
-        )
-        if isinstance(callee, Unknown) and class_called is not None:
+        # A class, by convention: no module parsed for a function. ``cls`` in
+        # a classmethod is the class it was called on (``from_config``).
+        called = call.func.value if isinstance(call.func, cst.Name) else ""
+        builds_cls = called == "cls"
+        class_called: str | None = None
+        if isinstance(callee, Unknown):
+            class_called = (
+                called if called[:1].isupper() else callee.class_name if builds_cls else None
+            )
+        if class_called is not None:
             imported = self.module.imports.get(class_called)
             found = None
             if (
@@ -113,10 +112,7 @@ class Calls(Expressions):
                 or not self.needs_no_parse(imported.module, imported.name, imported.level)
             ):
                 found = self.context.project.class_named(class_called, self.module)
-            if found is not None and (
-                _callable_class(self.context.project, *found)
-                or (isinstance(call.func, cst.Name) and call.func.value == "cls")
-            ):
+            if found is not None and (_callable_class(self.context.project, *found) or builds_cls):
                 # An nn.Module (called later), or the object a classmethod
                 # factory builds (``return cls(coef=...)``), whose methods run.
                 return self.instantiate(found[0], found[1], call)
@@ -276,10 +272,6 @@ class Calls(Expressions):
             return self.call_module_function(receiver.module, method, call, args, kwargs)
         if lowering.triangular_ones(receiver) is not None and method in TENSOR_IDENTITY:
             return receiver  # ``weights.to(log_ratio.dtype)``: the same matrix
-        if method == "matmul" and len(args) == 1:
-            summed = lowering.matmul(self.torch_call(call), receiver, self.eval(args[0].value))
-            if summed is not None:
-                return summed
         if isinstance(receiver, (ir.Node, Choice, Flipped, Grouped)) and not isinstance(
             receiver, ir.Opaque
         ):
@@ -384,6 +376,7 @@ class Calls(Expressions):
         return instance
 
     def record_object(self, cls: ClassInfo, module: ModuleInfo, call: cst.Call) -> Instance:
+        """A dataclass object: its fields' defaults, then what the call gives."""
         instance = Instance(cls, module)
         for field in cls.fields:
             if not field.annotated:

@@ -152,13 +152,9 @@ class Expressions(Frame):
         if truth is False:
             return self.eval(expr.orelse)
         label = self.condition_label(expr.test)
-        body, orelse = self.eval(expr.body), self.eval(expr.orelse)
-        if _given_or_default(expr) and isinstance(orelse, Instance) and isinstance(body, Unknown):
-            # ``args if args is not None else DistillConfig()``: settings the
-            # caller may give, else the config class's own; either way the
-            # class's defaults are the defaults (as for any typed setting).
-            return orelse
-        return choice([(label, body), (negate_condition(label), orelse)])
+        return choice(
+            [(label, self.eval(expr.body)), (negate_condition(label), self.eval(expr.orelse))]
+        )
 
     def eval_display(self, expr: cst.Tuple | cst.List | cst.Dict) -> Value:
         """A tuple, list or dict written out."""
@@ -856,21 +852,6 @@ def _lambda_as_function(node: cst.Lambda) -> cst.FunctionDef:
     return function
 
 
-def _given_or_default(expr: cst.IfExp) -> bool:
-    """``x if x is not None else default``."""
-    test = expr.test
-    return (
-        isinstance(test, cst.Comparison)
-        and len(test.comparisons) == 1
-        and isinstance(test.comparisons[0].operator, cst.IsNot)
-        and isinstance(test.comparisons[0].comparator, cst.Name)
-        and test.comparisons[0].comparator.value == "None"
-        and isinstance(test.left, cst.Name)
-        and isinstance(expr.body, cst.Name)
-        and test.left.value == expr.body.value
-    )
-
-
 def _names_in(expr: cst.BaseExpression) -> frozenset[str]:
     """Every name an expression reads. Walked by hand: a LibCST visitor
     rebuilds the tree it visits. Asked for each ``self.x`` read, so kept
@@ -878,14 +859,7 @@ def _names_in(expr: cst.BaseExpression) -> frozenset[str]:
     cached = _NAMES_IN.get(id(expr))
     if cached is not None and cached[0] is expr:
         return cached[1]
-    found: set[str] = set()
-    stack: list[cst.CSTNode] = [expr]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, cst.Name):
-            found.add(node.value)
-        stack.extend(children(node))
-    names = frozenset(found)
+    names = frozenset(n.value for n in descendants(expr) if isinstance(n, cst.Name))
     _NAMES_IN[id(expr)] = (expr, names)
     return names
 

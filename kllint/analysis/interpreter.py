@@ -1097,25 +1097,22 @@ def _per_token_kl(value: Value) -> bool:
     log-probs it was given: the same answer in the helper's own file and
     at its call, so that exactly one of them reports it."""
     return any(
-        ir.reaches(
-            node,
-            found=lambda n: isinstance(n, ir.Atom) and n.role is Role.REFERENCE_LOGP,
-            stop=lambda n: isinstance(n, ir.Reduce) and n.axis in (ir.Axis.TIME, ir.Axis.ALL),
-        )
+        _per_token_reference(node, any_level=True)
         for node in tensors_of(value)
         if not ir.is_detached(node) and sinks.may_hold_kl(node)
     )
 
 
-def _per_token_reference(node: ir.Node) -> bool:
+def _per_token_reference(node: ir.Node, *, any_level: bool = False) -> bool:
     """A reference log-prob of one token reached without passing a sum or a
-    mean over time."""
+    mean over time (``any_level``: or of a sequence, as a helper's own names
+    may call one)."""
     return ir.reaches(
         node,
         found=lambda n: (
             isinstance(n, ir.Atom)
             and n.role is Role.REFERENCE_LOGP
-            and n.level is not ir.Level.SEQUENCE
+            and (any_level or n.level is not ir.Level.SEQUENCE)
         ),
         stop=lambda n: isinstance(n, ir.Reduce) and n.axis in (ir.Axis.TIME, ir.Axis.ALL),
     )

@@ -433,53 +433,6 @@ def top_k_support(index: Value | None) -> bool:
     return any("topk" in n.lower().replace("_", "") for n in index.names)
 
 
-def _method_registry() -> dict[str, MethodLowering]:
-    """Earlier entries win: ``gather`` keeps the token it selects although it
-    also keeps the tensor's role, ``item`` detaches."""
-    registry: dict[str, MethodLowering] = {"gather": _gather}
-    for name in ("view", "reshape", "flatten", "unflatten"):
-        registry[name] = _view
-    for name in TENSOR_IDENTITY:
-        registry.setdefault(name, _identity)
-    for name in DETACHING:
-        registry.setdefault(name, _detach)
-    for name, op in UNARY.items():
-        registry.setdefault(name, _unary(op))
-    for name, op in BINARY_METHODS.items():
-        registry.setdefault(name, _binary(op))
-    for name in ("clamp", "clip", "clamp_min", "clamp_max", "clip_"):
-        registry.setdefault(name, _clamp(name))
-    for name in ("sum", "mean", "nansum", "nanmean"):
-        registry.setdefault(name, _reduce(name))
-    registry.setdefault("cumsum", _cumsum)
-    registry.setdefault("index_add", _segment_sum)
-    registry.setdefault("scatter_add", _segment_sum)
-    # A new tensor of zeros (or ones) shaped like the receiver: a constant.
-    registry.setdefault("new_zeros", lambda at, receiver, args, kwargs: ir.Const(0.0))
-    registry.setdefault("new_ones", lambda at, receiver, args, kwargs: ir.Const(1.0))
-    registry.setdefault("flip", _flip)
-    registry.setdefault("fliplr", _flip)
-    for name in ("log_softmax", "softmax"):
-        registry.setdefault(name, _opaque(name))
-    for name in SIZE_METHODS:
-        registry.setdefault(name, _size)
-    registry.setdefault("item", _detach)
-    return registry
-
-
-TENSOR_METHODS: dict[str, MethodLowering] = _method_registry()
-
-# New tensors of constants (``torch.zeros(())``, the start of a running
-# total): kllint keeps them opaque, but they carry no gradient.
-_NEW_CONSTANT_TENSORS = frozenset(
-    f".{name}()" for name in ("zeros", "ones", "zeros_like", "ones_like", "full")
-)
-
-
-def is_new_constant_tensor(node: ir.Node) -> bool:
-    return isinstance(node, ir.Opaque) and node.reason in _NEW_CONSTANT_TENSORS
-
-
 # ``torch.triu(torch.ones(T, T))``: a [T, T] matrix of ones on and above the
 # diagonal. ``x @ triu`` sums each token's earlier log-ratios (a prefix sum),
 # ``x @ tril`` its later ones (the reward-to-go): True for a reverse sum.
@@ -515,6 +468,60 @@ def matmul(at: TorchCall, x: Value, matrix: Value) -> Value | None:
     if reverse is None or not isinstance(x, ir.Node) or isinstance(x, ir.Opaque):
         return None
     return ir.CumSum(x, reverse=reverse, origin=at.origin)
+
+
+def _matmul(at: TorchCall, receiver: Value, args: Args, kwargs: Kwargs) -> Value:
+    """``x.matmul(m)`` and ``torch.matmul(x, m)`` (the tensor method of ``x``)."""
+    summed = matmul(at, receiver, args[0]) if len(args) == 1 else None
+    return summed if summed is not None else ir.Opaque(".matmul()")
+
+
+def _method_registry() -> dict[str, MethodLowering]:
+    """Earlier entries win: ``gather`` keeps the token it selects although it
+    also keeps the tensor's role, ``item`` detaches."""
+    registry: dict[str, MethodLowering] = {"gather": _gather}
+    for name in ("view", "reshape", "flatten", "unflatten"):
+        registry[name] = _view
+    for name in TENSOR_IDENTITY:
+        registry.setdefault(name, _identity)
+    for name in DETACHING:
+        registry.setdefault(name, _detach)
+    for name, op in UNARY.items():
+        registry.setdefault(name, _unary(op))
+    for name, op in BINARY_METHODS.items():
+        registry.setdefault(name, _binary(op))
+    for name in ("clamp", "clip", "clamp_min", "clamp_max", "clip_"):
+        registry.setdefault(name, _clamp(name))
+    for name in ("sum", "mean", "nansum", "nanmean"):
+        registry.setdefault(name, _reduce(name))
+    registry.setdefault("cumsum", _cumsum)
+    registry.setdefault("matmul", _matmul)
+    registry.setdefault("index_add", _segment_sum)
+    registry.setdefault("scatter_add", _segment_sum)
+    # A new tensor of zeros (or ones) shaped like the receiver: a constant.
+    registry.setdefault("new_zeros", lambda at, receiver, args, kwargs: ir.Const(0.0))
+    registry.setdefault("new_ones", lambda at, receiver, args, kwargs: ir.Const(1.0))
+    registry.setdefault("flip", _flip)
+    registry.setdefault("fliplr", _flip)
+    for name in ("log_softmax", "softmax"):
+        registry.setdefault(name, _opaque(name))
+    for name in SIZE_METHODS:
+        registry.setdefault(name, _size)
+    registry.setdefault("item", _detach)
+    return registry
+
+
+TENSOR_METHODS: dict[str, MethodLowering] = _method_registry()
+
+# New tensors of constants (``torch.zeros(())``, the start of a running
+# total): kllint keeps them opaque, but they carry no gradient.
+_NEW_CONSTANT_TENSORS = frozenset(
+    f".{name}()" for name in ("zeros", "ones", "zeros_like", "ones_like", "full")
+)
+
+
+def is_new_constant_tensor(node: ir.Node) -> bool:
+    return isinstance(node, ir.Opaque) and node.reason in _NEW_CONSTANT_TENSORS
 
 
 def tensor_method(at: TorchCall, name: str, receiver: Value, args: Args, kwargs: Kwargs) -> Value:
@@ -779,7 +786,6 @@ TORCH_FUNCTIONS: dict[str, FunctionLowering] = {
     "scalar_tensor": _tensor,
     "triu": _triangle("triu"),
     "tril": _triangle("tril"),
-    "matmul": lambda at, args, kwargs: matmul(at, args[0], args[1]) if len(args) == 2 else None,
 }
 
 
