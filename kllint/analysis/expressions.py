@@ -492,7 +492,7 @@ class Expressions(Frame):
         assigned = _init_assignments(init).get(attr, [])
         if (
             len(assigned) != 1
-            or not isinstance(assigned[0], (cst.Call, cst.Subscript, cst.Name))
+            or not isinstance(assigned[0], (cst.Call, cst.Subscript, cst.Name, cst.Attribute))
             or not _reads_only_settings_of_self(assigned[0])
         ):
             return None

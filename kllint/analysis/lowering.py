@@ -849,7 +849,15 @@ def vocabulary_expectation(kind: str, node: ir.Node, origin: ir.Origin) -> ir.No
     gradient; only where the prefixes come from pi is it not, and the code
     does not say which.
 
+    A weighted mix of the two directions (``w * kl_forward + (1 - w) *
+    kl_reverse``) is split, the sum over the vocabulary being linear: the
+    KL(pi||pi_ref) part keeps its claim, scaled by its weight, and the
+    reference-weighted part, exact for what it writes, adds none.
+
     Anything else summed over the vocabulary stays opaque (no claim)."""
+    mixed = _mixed_directions(kind, node, origin)
+    if mixed is not None:
+        return mixed
     if kind == "sum" and isinstance(node, ir.Binary) and node.op == "mul":
         for weight, difference in ((node.left, node.right), (node.right, node.left)):
             weight = _strip(weight)
@@ -858,7 +866,12 @@ def vocabulary_expectation(kind: str, node: ir.Node, origin: ir.Origin) -> ir.No
             if not (isinstance(difference, ir.Binary) and difference.op == "sub"):
                 continue
             first, second = _strip(difference.left), _strip(difference.right)
-            if ir.structure(_strip(weight.arg)) != ir.structure(first):
+            if ir.structure(_strip(weight.arg)) != ir.structure(first) and not (
+                # A teacher's probabilities under their own name
+                # (``teacher_probs = teacher_logprobs.exp()``): no gradient to tell apart.
+                ir.gradient_structure(_strip(weight.arg)) == ir.gradient_structure(first)
+                and {a.role for a in first.atoms()} == {Role.REFERENCE_LOGP}
+            ):
                 continue
             roles_of = ({a.role for a in first.atoms()}, {a.role for a in second.atoms()})
             policy = to_token_level(
@@ -874,5 +887,43 @@ def vocabulary_expectation(kind: str, node: ir.Node, origin: ir.Origin) -> ir.No
                 # expectation of the score the whole story.
                 return ir.Binary("mul", ir.detach(log_ratio, origin), policy, origin=origin)
             if roles_of == ({Role.REFERENCE_LOGP}, {Role.POLICY_LOGP}):
-                return ir.Opaque("an exact KL(pi_ref||pi) over the vocabulary")
+                return ir.Opaque(_REFERENCE_WEIGHTED)
     return ir.Opaque("a sum over the vocabulary")
+
+
+_REFERENCE_WEIGHTED = "an exact KL(pi_ref||pi) over the vocabulary"
+
+
+def _mixed_directions(kind: str, node: ir.Node, origin: ir.Origin) -> ir.Node | None:
+    if not (kind == "sum" and isinstance(node, ir.Binary) and node.op == "add"):
+        return None
+    kept: list[ir.Node] = []
+    for piece in (node.left, node.right):
+        weight, divergence = _weighted(piece)
+        lowered = vocabulary_expectation(kind, divergence, origin)
+        if isinstance(lowered, ir.Opaque):
+            if lowered.reason != _REFERENCE_WEIGHTED:
+                return None
+            continue
+        if isinstance(weight, ir.Const):
+            if weight.value <= 0:
+                return None
+            lowered = ir.binary("mul", weight, lowered, origin)
+        # A weight of the settings (``1 - self.mixed_kl_weight``) is a mixing
+        # proportion, positive whatever its value: the part's direction stands.
+        kept.append(lowered)
+    if len(kept) != 1:
+        return None  # both directions (or neither) of KL(pi||pi_ref): no mix to split
+    origin.estimate = (
+        "exact KL(pi||pi_ref) over the vocabulary at each position, mixed with KL(pi_ref||pi)"
+    )
+    return kept[0]
+
+
+def _weighted(piece: ir.Node) -> tuple[ir.Node | None, ir.Node]:
+    """``w * divergence``: a weight without gradient, and the divergence."""
+    if isinstance(piece, ir.Binary) and piece.op == "mul":
+        for weight, divergence in ((piece.left, piece.right), (piece.right, piece.left)):
+            if not ir.depends_on_policy(weight) and ir.depends_on_policy(divergence):
+                return weight, divergence
+    return None, piece
