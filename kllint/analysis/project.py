@@ -487,6 +487,8 @@ class Project:
 
     @staticmethod
     def _scan_python(text: str, shown: str, defaults: _PackageDefaults) -> None:
+        if _LOADS_YAML.search(text):
+            _scan_inline_yaml(text, shown, defaults)
         if "{" in text:
             _scan_dict_configs(text, shown, defaults)
         if "add_argument" in text:
@@ -507,6 +509,28 @@ class Project:
                 )
         if "class" in text:
             _scan_class_fields(text, shown, defaults)
+
+
+_LOADS_YAML = re.compile(r"\b(?:OmegaConf\.create|yaml\.(?:safe_)?load)\(")
+_TRIPLE_QUOTED = re.compile(r'(?s)("""|\'\'\')(.*?)\1')
+
+
+def _scan_inline_yaml(text: str, shown: str, defaults: _PackageDefaults) -> None:
+    """A configuration written as YAML in a string of the file that the file
+    parses (``OmegaConf.create(PIPELINE_YAML)``): its settings, as a YAML
+    file's. Docstrings hold prose, not ``key: value`` lines."""
+    line_of = _line_numbers(text)
+    for string in _TRIPLE_QUOTED.finditer(text):
+        if text[max(0, string.start() - 200) : string.start()].rstrip()[-1:] not in ("=", "("):
+            continue  # not assigned nor passed: a docstring
+        body_start = string.start(2)
+        for match in _YAML.finditer(text, body_start, string.end(2)):
+            defaults.add(
+                match.group(1),
+                _literal(match.group(2)),
+                f"{shown}:{line_of(match.start())}",
+                "yaml",
+            )
 
 
 def _scan_class_fields(text: str, shown: str, defaults: _PackageDefaults) -> None:
