@@ -378,6 +378,9 @@ class Expressions(Frame):
             lowered = lowering.tensor_attribute(self.torch_call(expr), attr, base)
             return lowered if lowered is not None else Unknown(code(expr), (attr,))
         if isinstance(base, Unknown) and base.class_name is not None:
+            registry = self.module.constants.get(f"{base.class_name}.{attr}")
+            if registry is not None:
+                return self.eval_constant(registry)  # filled by a decorator of the class
             member = selectors.class_constant(self.module, base.class_name, attr)
             if member is not None:
                 return member  # ``KLEstimator.K3``: an Enum member stands for its value

@@ -141,6 +141,9 @@ class Interpreter(Calls):
         names = self.module.sketch.functions.get(
             (self.cls.name if self.cls else None, fn.name.value)
         )
+        typed = self.callable_of_type(name, fn)
+        if typed is not None:
+            return typed
         role = roles.bare_policy_role(name, names.identifiers if names is not None else ())
         if role is not None and not _log_probs_taken_of(fn, name):
             # ``def loss(new, old, ref, advantages, mask)``.
@@ -148,6 +151,31 @@ class Interpreter(Calls):
             return ir.detach(atom) if self.no_grad else atom
         unknown = Unknown(name, (name,))
         return self.resolve(unknown, name, keep_unknown=True)
+
+    def callable_of_type(self, name: str, fn: cst.FunctionDef) -> Instance | None:
+        """``loss_fn: ReinforceLossFn``: a parameter annotated with a class of
+        the project that is called (``__call__``, ``forward``) is an object
+        of that class; calling it runs the class's code. Its ``__init__``
+        is not run: what it was built with is the caller's."""
+        params = fn.params
+        param = next(
+            (
+                p
+                for p in [*params.posonly_params, *params.params, *params.kwonly_params]
+                if p.name.value == name
+            ),
+            None,
+        )
+        annotation = param.annotation.annotation if param and param.annotation else None
+        if not (isinstance(annotation, cst.Name) and annotation.value[:1].isupper()):
+            return None
+        found = self.context.project.class_named(annotation.value, self.module)
+        if found is None or not any(
+            self.context.project.method(found[0], found[1], method) is not None
+            for method in ("__call__", "forward")
+        ):
+            return None
+        return Instance(found[0], found[1])
 
     # ----------------------------------------------------------------- statements
 
@@ -789,8 +817,10 @@ class Interpreter(Calls):
         if isinstance(value, Unknown):
             # The variable's own name is evidence too (``mask``, ``beta``); as
             # a container it is the value it names.
+            read = value
             value = replace(value, names=(*value.names, name), same_as=value.same_as or value)
             value = self.resolve(value, name, keep_unknown=True)
+            self.entry_named(read, value)
         elif isinstance(value, Choice):
             value = Choice(
                 [
@@ -804,6 +834,23 @@ class Interpreter(Calls):
         self.env[name] = value
         if sinks.is_loss_name(name):
             self.add_sink(value, f"the loss variable `{name}`", False, node)
+
+    def entry_named(self, read: Unknown, named: Value) -> None:
+        """``old_log_probs = batch["log_probs"]``: the code says what the
+        entry holds (the rollout's log-probs, the ratio's denominator), and
+        every later read of it (``compute_kl(batch["log_probs"], ref)``)
+        is that, whatever its key alone would suggest."""
+        if not (
+            isinstance(named, ir.Node)
+            and {a.role for a in named.atoms()} == {Role.OLD_LOGP}
+            and read.text.endswith("]")
+            and read.text.count("[") == 1
+        ):
+            return
+        holder = read.text.partition("[")[0]
+        container = self.env.get(holder) if holder.isidentifier() else None
+        if isinstance(container, Unknown):
+            self.context.write(container, read.names[-1], named)
 
     def assign_unpacked(
         self, target: cst.Tuple | cst.List, value: Value, node: cst.CSTNode

@@ -353,6 +353,11 @@ _EMPTY_REGISTRY = re.compile(
 )
 
 
+_EMPTY_CLASS_REGISTRY = re.compile(
+    r"^[ \t]+[A-Za-z_]\w*\s*(?::[^=\n]*)?=\s*(?:\{\s*\}|dict\(\s*\))\s*$", re.M
+)
+
+
 def decorator_registries(source: str, tree: ast.Module | None = None) -> dict[str, str]:
     """Registries filled by decorators, as the dict literals they amount to.
 
@@ -364,7 +369,7 @@ def decorator_registries(source: str, tree: ast.Module | None = None) -> dict[st
     key stays unread.
     """
     empty = set(_EMPTY_REGISTRY.findall(source))
-    if not empty or "@" not in source:
+    if "@" not in source or not (empty or _EMPTY_CLASS_REGISTRY.search(source)):
         return {}
     if tree is None:
         try:
@@ -373,31 +378,41 @@ def decorator_registries(source: str, tree: ast.Module | None = None) -> dict[st
             return {}
     fillers: dict[str, str] = {}  # decorator factory -> the registry it fills
     for statement in tree.body:
-        if not isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            continue
-        for node in ast.walk(statement):
-            if not isinstance(node, ast.Assign):
-                continue
-            for target in node.targets:
-                if (
-                    isinstance(target, ast.Subscript)
-                    and isinstance(target.value, ast.Name)
-                    and target.value.id in empty
-                ):
-                    fillers[statement.name] = target.value.id
+        if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            registry = _filled_registry(
+                statement, lambda t: isinstance(t, ast.Name) and t.id in empty
+            )
+            if registry is not None:
+                fillers[statement.name] = registry
+        elif isinstance(statement, ast.ClassDef):
+            # ``class KLRegistry: _registry = {}`` and a classmethod
+            # ``register`` storing ``cls._registry[name] = fn``: the registry
+            # is ``KLRegistry._registry``, filled by ``@KLRegistry.register("k2")``.
+            owned = {
+                target.id
+                for item in statement.body
+                if isinstance(item, (ast.Assign, ast.AnnAssign)) and _is_empty_dict(item.value)
+                for target in (item.targets if isinstance(item, ast.Assign) else [item.target])
+                if isinstance(target, ast.Name)
+            }
+            for method in statement.body:
+                if not owned or not isinstance(method, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    continue
+                holds = functools.partial(_class_attribute_in, statement.name, frozenset(owned))
+                registry = _filled_registry(method, holds)
+                if registry is not None:
+                    fillers[f"{statement.name}.{method.name}"] = f"{statement.name}.{registry}"
     entries: dict[str, list[tuple[str, str]]] = {}
     for statement in tree.body:
         if not isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             continue
         for decorator in statement.decorator_list:
-            if not (
-                isinstance(decorator, ast.Call)
-                and isinstance(decorator.func, ast.Name)
-                and decorator.func.id in fillers
-            ):
+            if not isinstance(decorator, ast.Call):
+                continue
+            registry = fillers.get(_dotted(decorator.func))
+            if registry is None:
                 continue
             keys = [*decorator.args, *(k.value for k in decorator.keywords)]
-            registry = fillers[decorator.func.id]
             for key in keys:
                 if isinstance(key, ast.Constant) and isinstance(key.value, str):
                     entries.setdefault(registry, []).append((key.value, statement.name))
@@ -408,6 +423,51 @@ def decorator_registries(source: str, tree: ast.Module | None = None) -> dict[st
         for registry, pairs in entries.items()
         if all(key for key, _ in pairs)
     }
+
+
+def _filled_registry(
+    function: ast.FunctionDef | ast.AsyncFunctionDef, holds: Callable[[ast.expr], bool]
+) -> str | None:
+    """The registry a decorator factory stores into (``REGISTRY[name] = fn``),
+    by the name (or attribute) it is held by."""
+    for node in ast.walk(function):
+        if isinstance(node, ast.Assign):
+            for target in node.targets:
+                if isinstance(target, ast.Subscript) and holds(target.value):
+                    held = target.value
+                    return held.id if isinstance(held, ast.Name) else held.attr  # type: ignore[attr-defined]
+    return None
+
+
+def _class_attribute_in(owner: str, owned: frozenset[str], held: ast.expr) -> bool:
+    """``cls._registry`` or ``KLRegistry._registry``: one of ``owned``, held
+    by the class."""
+    return (
+        isinstance(held, ast.Attribute)
+        and isinstance(held.value, ast.Name)
+        and held.value.id in ("cls", owner)
+        and held.attr in owned
+    )
+
+
+def _is_empty_dict(value: ast.expr | None) -> bool:
+    if isinstance(value, ast.Dict):
+        return not value.keys
+    return (
+        isinstance(value, ast.Call)
+        and isinstance(value.func, ast.Name)
+        and value.func.id == "dict"
+        and not value.args
+        and not value.keywords
+    )
+
+
+def _dotted(expr: ast.expr) -> str:
+    if isinstance(expr, ast.Name):
+        return expr.id
+    if isinstance(expr, ast.Attribute) and isinstance(expr.value, ast.Name):
+        return f"{expr.value.id}.{expr.attr}"
+    return ""
 
 
 def _unpacked(
