@@ -132,6 +132,9 @@ class Frame:
         # ``batch["token_level_rewards"] = scores - beta * kl``: per-token
         # rewards written for a loss elsewhere, which credits them.
         self.stored_rewards: list[tuple[cst.CSTNode, str, Value]] = []
+        # Rewards a helper of this file stored into what it was given
+        # (``data.batch["token_level_rewards"]``), shared by every frame of one root.
+        self.helper_rewards: list[tuple[cst.CSTNode, str, Value]] = []
         self.loss_function = False
         self.function_node: cst.FunctionDef | None = None
         self.statement: cst.CSTNode | None = None

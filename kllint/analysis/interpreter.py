@@ -130,8 +130,12 @@ class Interpreter(Calls):
             self.advantage_sink(node, value, f"the advantages stored as `{shown}`")
         if not self.context.calls.get(self.function_name):
             # Called in this file, its caller reads the rewards back and is
-            # judged by the loss it computes with them.
-            for node, shown, value in self.stored_rewards:
+            # judged by the loss it computes with them. A caller that only
+            # hands them on (``apply_kl_penalty(data)``, then the batch to
+            # the actor) is where they leave the file, unless it turned them
+            # into advantages itself.
+            handed_on = [] if self.stored_advantages or self.stored_returns else self.helper_rewards
+            for node, shown, value in [*self.stored_rewards, *handed_on]:
                 self.advantage_sink(node, value, f"the rewards stored as `{shown}`", rewards=True)
         if not self.returns:
             return None
@@ -739,6 +743,8 @@ class Interpreter(Calls):
         rewarded = sinks.stored_rewards(target) if stored is None else None
         if rewarded is not None and self.depth == 0:
             self.stored_rewards.append((node, rewarded, value))
+        elif rewarded is not None and self.module is self.context.module:
+            self.helper_rewards.append((node, rewarded, value))
         returned = sinks.stored_returns(target) if self.depth == 0 else None
         if returned is not None:
             self.stored_returns.append((node, returned, value))
@@ -998,20 +1004,41 @@ class Interpreter(Calls):
             )
         )
         sinks_before = len(self.context.sinks)
+        rewards_before = len(self.helper_rewards)
         result = self.run_helper(ref, key, site, bound, in_place)
+        once = (
+            self.call_site is None
+            and ref.module is self.context.module
+            and self.module is self.context.module
+            and self.context.calls[_called_as(ref, call)] == 1
+        )
         if (
-            alone
+            once
             and not in_place
             and result is not None
             and len(self.context.sinks) == sinks_before
-            and _defect_of_its_own(result)
+            and (
+                (alone and _defect_of_its_own(result))
+                or (
+                    # ``apply_kl_penalty(batch, kl_penalty="low_var_kl")`` picks
+                    # the estimator at the call: reported there.
+                    not any(
+                        isinstance(a.value, (cst.SimpleString, cst.ConcatenatedString))
+                        for a in call.args
+                    )
+                    and (len(self.helper_rewards) > rewards_before or _made_into_rewards(result))
+                )
+            )
         ):
-            # Given the caller's log-probs, a helper that returns a per-token
-            # estimate leaves its use (a reward, a loss) to the caller: judged
-            # at the call. One that reduces the KL itself (a loss, an
-            # objective, a sequence-level reward) holds the whole term: its
-            # findings are placed where it is written (interpreted again,
-            # so that what it computes carries its own lines).
+            # Given the caller's log-probs (or the estimator's name), a helper
+            # that returns a per-token estimate leaves its use (a reward, a
+            # loss) to the caller: judged at the call. One that decides the
+            # use itself holds the whole term: a loss, an objective, a
+            # sequence-level reward it reduces, or rewards, returns or
+            # advantages it makes of the estimate. Its findings are placed
+            # where it is written (interpreted again, so that what it
+            # computes carries its own lines).
+            del self.helper_rewards[rewards_before:]
             result = self.run_helper(ref, key, site, bound, True)
         if result is None:
             return Py(None)
@@ -1053,6 +1080,7 @@ class Interpreter(Calls):
         )
         callee.entry_call = self.entry_call or site
         callee.entry_root = self.entry_root
+        callee.helper_rewards = self.helper_rewards
         callee.root = ref.node if in_place else self.root
         if ref.closure is not None:
             # A nested function sees its enclosing function's locals; its own
@@ -1136,6 +1164,42 @@ def _defect_of_its_own(value: Value) -> bool:
         ):
             return True
     return False
+
+
+def _made_into_rewards(value: Value) -> bool:
+    """Whether a KL estimate in what a helper returns was made into a reward
+    there: credited by a running sum over time, or given the penalty's
+    sign (``-beta * kl``, ``scores - beta * kl``), rather than returned as
+    the estimate."""
+    return any(
+        _penalised(node, negative=False) for node in tensors_of(value) if sinks.may_hold_kl(node)
+    )
+
+
+# What an estimate is made of (a mask may be applied inside it).
+_ESTIMATE_ROLES = frozenset({Role.POLICY_LOGP, Role.OLD_LOGP, Role.REFERENCE_LOGP, Role.MASK})
+
+
+def _penalised(node: ir.Node, *, negative: bool) -> bool:
+    """Top-down to the estimate (a value of log-probs and constants alone):
+    whether the way there turns it into a penalty or a credit."""
+    if not node.has_role(Role.REFERENCE_LOGP):
+        return False
+    if all(a.role in _ESTIMATE_ROLES for a in node.atoms()):
+        return negative  # the estimate itself
+    if isinstance(node, ir.CumSum):
+        return True
+    if isinstance(node, ir.Unary) and node.op == "neg":
+        return _penalised(node.arg, negative=not negative)
+    if isinstance(node, ir.Binary) and node.op == "sub":
+        return _penalised(node.left, negative=negative) or _penalised(
+            node.right, negative=not negative
+        )
+    if isinstance(node, ir.Binary) and node.op == "mul":
+        for factor, other in ((node.left, node.right), (node.right, node.left)):
+            if isinstance(factor, ir.Const) and factor.value < 0:
+                return _penalised(other, negative=not negative)
+    return any(_penalised(child, negative=negative) for child in node.children())
 
 
 def _per_token_kl(value: Value) -> bool:
