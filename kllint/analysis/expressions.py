@@ -496,6 +496,9 @@ class Expressions(Frame):
         if (
             len(assigned) != 1
             or not isinstance(assigned[0], (cst.Call, cst.Subscript, cst.Name, cst.Attribute))
+            # ``self.kl_estimator = self.args.kl_estimator``: a setting read
+            # from another object, asked of only what can pick an estimator.
+            or (isinstance(assigned[0], cst.Attribute) and not selectors.names_a_selector(attr))
             or not _reads_only_settings_of_self(assigned[0])
         ):
             return None

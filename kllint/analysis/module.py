@@ -358,6 +358,18 @@ _EMPTY_CLASS_REGISTRY = re.compile(
 )
 
 
+# ``@KLRegistry.register("k3")``: a decorator of a capitalised name, a class.
+_CLASS_DECORATOR = re.compile(r"^[ \t]*@([A-Z]\w*)\.\w+\(", re.M)
+
+
+def _class_registry_possible(source: str) -> bool:
+    """A class of the file decorating with one of its methods and holding an
+    empty dict: by text, before any parse (most files fail the first test)."""
+    return any(
+        f"class {name}" in source for name in set(_CLASS_DECORATOR.findall(source))
+    ) and bool(_EMPTY_CLASS_REGISTRY.search(source))
+
+
 def decorator_registries(source: str, tree: ast.Module | None = None) -> dict[str, str]:
     """Registries filled by decorators, as the dict literals they amount to.
 
@@ -369,7 +381,7 @@ def decorator_registries(source: str, tree: ast.Module | None = None) -> dict[st
     key stays unread.
     """
     empty = set(_EMPTY_REGISTRY.findall(source))
-    if "@" not in source or not (empty or _EMPTY_CLASS_REGISTRY.search(source)):
+    if "@" not in source or not (empty or _class_registry_possible(source)):
         return {}
     if tree is None:
         try:

@@ -144,7 +144,7 @@ def class_setting(project: Project, cls: ClassInfo, module: ModuleInfo, attr: st
     ``attr``, when no line of the class assigns ``self.attr``. Asked of
     every ``self.x`` read: only for a name that can choose an estimator
     (``DIVERGENCE``, ``kl_type``), not ``self.model``."""
-    if not (attr.isupper() or _names_a_selector(attr)):
+    if not (attr.isupper() or names_a_selector(attr)):
         return None
     for current, where in project.lineage(cls, module):
         value = _class_literal(current, attr)
@@ -156,7 +156,7 @@ def class_setting(project: Project, cls: ClassInfo, module: ModuleInfo, attr: st
     return None
 
 
-def _names_a_selector(attr: str) -> bool:
+def names_a_selector(attr: str) -> bool:
     """``kl_estimator``, ``kl_type``, ``divergence``: a setting named like
     one that chooses an estimator."""
     lowered = attr.lower()
@@ -350,7 +350,7 @@ def _passed_in(project: Project, module: ModuleInfo, cls: ClassInfo, attr: str) 
     of a setting named like a KL selector (``kl_estimator``, ``kl_type``):
     every ``self.x`` of a model is looked up, and the package's constructor
     calls are scanned only when one can matter."""
-    if not _names_a_selector(attr):
+    if not names_a_selector(attr):
         return False
     parameter = _init_parameter(cls, attr)
     return parameter is not None and project.builds_passing(module.path, cls.name, parameter)
