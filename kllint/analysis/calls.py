@@ -130,7 +130,11 @@ class Calls(Expressions):
                 # ``PolicyOutput(logprobs=..., values=...)`` of a dataclass or
                 # ``NamedTuple``: ``out.logprobs`` is the log-prob computed,
                 # with its role and gradient.
-                return self.written_record(call, [f.name for f in found[0].fields if f.annotated])
+                fields = [f.name for f in found[0].fields if f.annotated]
+                record = self.written_record(call, fields)
+                if any(base.rpartition(".")[2] == "NamedTuple" for base in found[0].bases):
+                    record.positional = tuple(fields)
+                return record
             if found is not None and len(args) == 1 and _is_enum(found[0]):
                 # ``KLType(cfg.get("kl_type", "k3"))``: the member of that
                 # value, which stands for its value as ``KLType.K3`` does.
@@ -192,6 +196,21 @@ class Calls(Expressions):
                 return value
         if name == "len" and args:
             return ir.Atom(Role.COEFFICIENT, code(call))
+        if name == "zip" and len(call.args) == 1 and call.args[0].star == "*":
+            # ``pg_terms, kl_terms = zip(*[terms(mb) for mb in micro_batches])``:
+            # the tuples each step returned, transposed.
+            rows = self.eval(call.args[0].value)
+            tuples = (
+                [row for row in rows.items if isinstance(row, Seq)] if isinstance(rows, Seq) else []
+            )
+            if tuples and len(tuples) == len(rows.items) and all(row.items for row in tuples):  # type: ignore[union-attr]
+                width = min(len(row.items) for row in tuples)
+                return Seq(
+                    [
+                        Seq([row.items[i] for row in tuples], appended=rows.appended)  # type: ignore[union-attr]
+                        for i in range(width)
+                    ]
+                )
         return self.named_call(name, call, args, kwargs, callee)
 
     def eval_method_call(
@@ -469,6 +488,22 @@ class Calls(Expressions):
         current = self.env.get(name)
         if method == "append" and isinstance(current, Seq) and args:
             self.env[name] = Seq([*current.items, self.eval(args[0].value)], appended=True)
+            return True
+        if (
+            method == "append"
+            and isinstance(current, Choice)
+            and args
+            and all(isinstance(option, Seq) for _, option in current.options)
+        ):
+            # ``kl_terms.append(...)`` in a loop after a flag chose, on an earlier
+            # step, whether to append: each path's list grows.
+            item = self.eval(args[0].value)
+            self.env[name] = Choice(
+                [
+                    (label, Seq([*option.items, item], appended=True))  # type: ignore[union-attr]
+                    for label, option in current.options
+                ]
+            )
             return True
         if method in IN_PLACE and isinstance(current, (ir.Node, Choice)):
             # ``kl.mul_(mask)``: the tensor becomes what the operation gives.

@@ -381,6 +381,9 @@ class Expressions(Frame):
             registry = self.module.constants.get(f"{base.class_name}.{attr}")
             if registry is not None:
                 return self.eval_constant(registry)  # filled by a decorator of the class
+            static = self.static_method(base.class_name, attr)
+            if static is not None:
+                return static  # ``getattr(KLEstimators, cfg.kl_estimator_type)``
             member = selectors.class_constant(self.module, base.class_name, attr)
             if member is not None:
                 return member  # ``KLEstimator.K3``: an Enum member stands for its value
@@ -417,6 +420,18 @@ class Expressions(Frame):
         if isinstance(base, (FuncRef, Py)):
             return Unknown(code(expr), (attr,))
         return Unknown(code(expr), (attr,))
+
+    def static_method(self, class_name: str, name: str) -> FuncRef | None:
+        """``KLEstimators.k2``, a static method of a class of this module
+        named without calling it: the function itself."""
+        found = self.context.project.class_named(class_name, self.module)
+        ref = self.context.project.method(found[0], found[1], name) if found else None
+        if ref is None or not any(
+            (dotted_name(d.decorator) or "").rpartition(".")[2] == "staticmethod"
+            for d in ref.node.decorators
+        ):
+            return None
+        return ref
 
     def built_in_init(self, attr: str) -> Instance | None:
         """``self.kl_loss_fn`` set once in ``__init__`` to an object of a

@@ -125,6 +125,16 @@ class Interpreter(Calls):
         for star in (params.star_arg, params.star_kwarg):
             if isinstance(star, cst.Param):
                 self.env[star.name.value] = Unknown(star.name.value, (star.name.value,))
+        if isinstance(params.star_kwarg, cst.Param) and bound:
+            # ``def _aggregate(self, **terms)`` given ``**loss_terms`` or
+            # ``kl_loss=...``: the keywords no parameter takes are its dict.
+            named = {
+                p.name.value
+                for p in [*params.posonly_params, *params.params, *params.kwonly_params]
+            }
+            extra = {key: value for key, value in bound.items() if key not in named}
+            if extra:
+                self.env[params.star_kwarg.name.value] = DictVal(extra)
         self.exec_block(fn.body.body if isinstance(fn.body, cst.IndentedBlock) else [fn.body])
         for node, shown, value in self.stored_advantages or self.stored_returns:
             self.advantage_sink(node, value, f"the advantages stored as `{shown}`")
@@ -865,6 +875,8 @@ class Interpreter(Calls):
         for i, element in enumerate(e.value for e in target.elements):
             if isinstance(value, Seq) and i < len(value.items):
                 item: Value = value.items[i]
+            elif isinstance(value, DictVal) and i < len(value.positional):
+                item = value.items.get(value.positional[i], Unknown(code(element), ("unpacked",)))
             elif isinstance(value, ir.Node) and not isinstance(value, ir.Opaque):
                 # ``advantages, returns = compute_gae(rewards, ...)``: both carry the rewards.
                 item = value

@@ -709,6 +709,21 @@ def _kl_div(at: TorchCall, args: Args, kwargs: Kwargs) -> Value | None:
 
 
 def _stack(at: TorchCall, args: Args, kwargs: Kwargs) -> Value | None:
+    if (
+        args
+        and isinstance(args[0], Choice)
+        and all(isinstance(option, Seq) for _, option in args[0].options)
+    ):
+        # A list some path appended to (``if use_kl_loss: kl_terms.append(...)``
+        # in a loop): each path's rows; a list no path filled cannot be
+        # stacked, so that path does not reach here.
+        stacked = [
+            (label, _stack(at, [option, *args[1:]], kwargs))
+            for label, option in args[0].options
+            if isinstance(option, Seq) and option.items
+        ]
+        kept = [(label, value) for label, value in stacked if value is not None]
+        return Choice(kept) if len(kept) > 1 else (kept[0][1] if kept else None)
     if not args or not isinstance(args[0], Seq):
         return None
     rows = args[0].items

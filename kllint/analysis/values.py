@@ -53,6 +53,9 @@ class Seq:
 @dataclass
 class DictVal:
     items: dict[str, Value]
+    # A ``NamedTuple``'s fields in order: it unpacks (``_, per_seq = out``)
+    # and indexes by position as a tuple does.
+    positional: tuple[str, ...] = ()
 
 
 def self_attribute(attr: str) -> str:
