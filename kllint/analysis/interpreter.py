@@ -557,8 +557,13 @@ class Interpreter(Calls):
                     # loss and returned with it is that loss too.
                     shown = f"the value returned by `{self.function_name}` (`{added}` plus more)"
                     self.add_sink(value, shown, False, small)
-            if self.depth == 0 and isinstance(small.value, cst.Call):
-                for shown, field_value in self.record_advantages(small.value):
+            record = small.value
+            if isinstance(record, (cst.ListComp, cst.GeneratorExp)):
+                # ``return [PPORLElement(..., rewards=returns[i]) for i in ...]``:
+                # one record per sample, each holding its row.
+                record = record.elt
+            if self.depth == 0 and isinstance(record, cst.Call):
+                for shown, field_value in self.record_advantages(record):
                     self.advantage_sink(small, field_value, f"the advantages stored as `{shown}`")
             if self.depth == 0 and isinstance(value, DictVal):
                 # ``return {"advantages": advantages, ...}``: an experience
@@ -570,6 +575,24 @@ class Interpreter(Calls):
                     self.advantage_sink(
                         small, value.items[key], f"the advantages returned as `{key}`"
                     )
+            if (
+                self.depth == 0
+                and isinstance(small.value, cst.Tuple)
+                and isinstance(value, Seq)
+                and len(value.items) == len(small.value.elements)
+                and not self.context.calls.get(self.function_name)
+            ):
+                # ``return logprobs, advantages`` from a rollout scorer nothing in
+                # this file calls: the advantages a loss elsewhere reads back.
+                for element, item in zip(small.value.elements, value.items):
+                    if isinstance(element.value, cst.Name) and sinks.is_advantage_key(
+                        element.value.value
+                    ):
+                        self.advantage_sink(
+                            small,
+                            item,
+                            f"the advantages returned by `{self.function_name}`",
+                        )
             return True
         elif isinstance(small, cst.Raise):
             return True
@@ -630,7 +653,25 @@ class Interpreter(Calls):
             return []
         found = self.context.project.class_named(call.func.value, self.module)
         if found is None:
-            return []
+            # A record class of a framework (``openrlhf``'s ``Experience``):
+            # its fields are not read here, but an argument named for what it
+            # holds (``advantages``) is that field.
+            named = [
+                (name, arg)
+                for arg in call.args
+                if arg.star == ""
+                for name in (
+                    arg.keyword.value if arg.keyword is not None else "",
+                    _held_name(arg.value),
+                )
+            ]
+            found_fields = [
+                (f"{call.func.value}.{field}", arg)
+                for field, arg in named
+                if sinks.is_advantage_field(field)
+            ]
+            unique = {id(arg): (shown, arg) for shown, arg in found_fields}
+            return [(shown, self.eval(arg.value)) for shown, arg in unique.values()]
         fields = _record_fields(found[0])
         given = [
             (fields[position] if position < len(fields) else "", arg)
@@ -1176,6 +1217,13 @@ def _defect_of_its_own(value: Value) -> bool:
         ):
             return True
     return False
+
+
+def _held_name(expr: cst.BaseExpression) -> str:
+    """``returns`` of ``returns``, ``returns[i]``: the name a value is read by."""
+    while isinstance(expr, cst.Subscript):
+        expr = expr.value
+    return expr.value if isinstance(expr, cst.Name) else ""
 
 
 def _made_into_rewards(value: Value) -> bool:
