@@ -337,6 +337,11 @@ class ModuleInfo:
                 self.constants[target.value] = small.value
             for name, value in _unpacked(target, small.value):
                 self.constants[name] = value
+            entry = _registry_entry(target)
+            registry = self.constants.get(entry[0]) if entry is not None else None
+            if entry is not None and isinstance(registry, cst.Dict):
+                # ``KL_ESTIMATORS["low_var_kl"] = _low_var_kl`` after the dict.
+                self.constants[entry[0]] = _with_entry(registry, entry[1], small.value)
         elif (
             isinstance(small, cst.AnnAssign)
             and isinstance(small.target, cst.Name)
@@ -435,6 +440,36 @@ def decorator_registries(source: str, tree: ast.Module | None = None) -> dict[st
         for registry, pairs in entries.items()
         if all(key for key, _ in pairs)
     }
+
+
+def _registry_entry(target: cst.BaseExpression) -> tuple[str, str] | None:
+    """``KL_ESTIMATORS["low_var_kl"]``: the dict's name and the key."""
+    if (
+        isinstance(target, cst.Subscript)
+        and isinstance(target.value, cst.Name)
+        and len(target.slice) == 1
+        and isinstance(target.slice[0].slice, cst.Index)
+        and isinstance(target.slice[0].slice.value, cst.SimpleString)
+    ):
+        key = target.slice[0].slice.value.evaluated_value
+        return (target.value.value, key) if isinstance(key, str) else None
+    return None
+
+
+def _with_entry(registry: cst.Dict, key: str, value: cst.BaseExpression) -> cst.Dict:
+    element = cst.DictElement(cst.SimpleString(repr(key)), value)
+    return registry.with_changes(elements=[*registry.elements, element])
+
+
+def _extended(registry: Any, key: str, statement_text: Callable[[], str]) -> Any:
+    """A dict constant given one more entry by a later top-level statement
+    (``registry``: the constant as it was, parsed or pending)."""
+    current = registry.parse() if isinstance(registry, _Pending) else registry
+    line = _parse_statement(statement_text().strip() + "\n")
+    small = getattr(line, "body", [None])[0]
+    if not isinstance(current, cst.Dict) or not isinstance(small, cst.Assign):
+        return current
+    return _with_entry(current, key, small.value)
 
 
 def _filled_registry(
@@ -572,6 +607,27 @@ class _Pieces:
             ):
                 constant: Any = _Pending(self.constant(statement))
                 info.constants[statement.targets[0].id] = constant
+                info.top_level_names |= _names_in(statement)
+            elif (
+                isinstance(statement, ast.Assign)
+                and len(statement.targets) == 1
+                and isinstance(statement.targets[0], ast.Subscript)
+                and isinstance(statement.targets[0].value, ast.Name)
+                and statement.targets[0].value.id in info.constants
+                and isinstance(statement.targets[0].slice, ast.Constant)
+                and isinstance(statement.targets[0].slice.value, str)
+            ):
+                # ``KL_ESTIMATORS["low_var_kl"] = _low_var_kl`` after the dict.
+                registry = statement.targets[0].value.id
+                extended: Any = _Pending(
+                    functools.partial(
+                        _extended,
+                        dict.__getitem__(info.constants, registry),
+                        statement.targets[0].slice.value,
+                        self.text(statement),
+                    )
+                )
+                info.constants[registry] = extended
                 info.top_level_names |= _names_in(statement)
             elif (
                 isinstance(statement, ast.AnnAssign)
