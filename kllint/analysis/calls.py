@@ -224,13 +224,13 @@ class Calls(Expressions):
         if method in sinks.BACKWARD_METHODS:
             target = args[0].value if args else func.value
             value = self.eval(target)
-            self.add_sink(
-                value,
-                sinks.backward_description(full_code(call), method),
-                True,
-                call,
-                backward=True,
-            )
+            description = sinks.backward_description(full_code(call), method)
+            if selectors.maximises(self.module, self.cls):
+                # ``torch.optim.AdamW(..., maximize=True)``: the optimizer climbs
+                # what is backpropagated, as if it minimised its negation.
+                value = self.lift1(value, ir.neg)
+                description += ", maximised (the optimizer has maximize=True)"
+            self.add_sink(value, description, True, call, backward=True)
             return Py(None)
         if method in sinks.STEP_METHODS:
             # Whichever argument is a differentiable tensor is the loss.

@@ -583,16 +583,20 @@ class Interpreter(Calls):
                 and not self.context.calls.get(self.function_name)
             ):
                 # ``return logprobs, advantages`` from a rollout scorer nothing in
-                # this file calls: the advantages a loss elsewhere reads back.
-                for element, item in zip(small.value.elements, value.items):
-                    if isinstance(element.value, cst.Name) and sinks.is_advantage_key(
-                        element.value.value
-                    ):
-                        self.advantage_sink(
-                            small,
-                            item,
-                            f"the advantages returned by `{self.function_name}`",
-                        )
+                # this file calls: the advantages a loss elsewhere reads back
+                # (the returns, when no advantages are returned beside them).
+                named = [
+                    (element.value.value, item)
+                    for element, item in zip(small.value.elements, value.items)
+                    if isinstance(element.value, cst.Name)
+                ]
+                read_back = [item for name, item in named if sinks.is_advantage_key(name)] or [
+                    item for name, item in named if sinks.is_returns_key(name)
+                ]
+                for item in read_back:
+                    self.advantage_sink(
+                        small, item, f"the advantages returned by `{self.function_name}`"
+                    )
             return True
         elif isinstance(small, cst.Raise):
             return True
@@ -635,9 +639,12 @@ class Interpreter(Calls):
             self.function_node,
             self.cls.name if self.cls is not None else None,
         )
-        if caller is None or _per_token_kl(value):
+        if caller is None or _per_token_kl(value) or _signed_for_the_caller(value):
             # A per-token estimate: how it is reduced, and so whether it is
             # a bug, is the caller's; its call is the line the rule book names.
+            # So is a KL returned with the penalty's sign alone (``-coef *
+            # kl``, a term of an objective): whether it is minimised or
+            # maximised is the caller's.
             return
         description = sinks.caller_description(caller, self.function_name)
         for item, shown in sinks.returned_losses(
@@ -1019,7 +1026,8 @@ class Interpreter(Calls):
                     ref.name,
                     ref.cls.name if ref.cls else None,
                     _called_in(ref.module),
-                ),
+                )
+                and not _given_a_function(bound),
             )
         # A helper of the linted file called from one place, which no
         # parameter steers (no estimator chosen by the caller): its findings
@@ -1100,6 +1108,7 @@ class Interpreter(Calls):
             and not site.reported_by_helper
             and sinks.may_hold_kl(result)
             and not _per_token_kl(result)
+            and not _signed_for_the_caller(result)
             and not sinks.is_advantage_function(ref.name)
             and self.context.project.reports_on(ref.module)
             and sinks.backprop_caller(
@@ -1109,9 +1118,13 @@ class Interpreter(Calls):
                 ref.cls.name if ref.cls is not None else None,
             )
             is not None
+            and _defect_of_its_own(result)
+            and not _given_a_function(bound)
         ):
             # A helper some caller backpropagates, which reduces its KL itself,
             # is judged in its own file, naming that caller: one bug, one finding.
+            # One right as it is (a sequence k2) leaves the caller's use of it
+            # (``policy_loss - coef * kl_loss``) to be judged here.
             site.reported_by_helper = True
         return self.credit_rewards(ref.name, call, result)
 
@@ -1219,6 +1232,28 @@ def _defect_of_its_own(value: Value) -> bool:
     return False
 
 
+def _given_a_function(bound: dict[str, Value]) -> bool:
+    """Given a function to call (``kl_fn=functools.partial(token_kl, ...)``),
+    a helper's own file cannot tell what it computes: its caller judges."""
+    return any(isinstance(v, FuncRef) for v in bound.values())
+
+
+def _signed_for_the_caller(value: Value) -> bool:
+    """What a helper returns is a KL and nothing else, under the penalty's
+    sign (``-coef * 0.5 * seq_lr**2``): signed for an objective its caller
+    adds it to, the caller's sign decides what is minimised."""
+    nodes = [node for node in tensors_of(value) if sinks.may_hold_kl(node)]
+    if not nodes:
+        return False
+    for node in nodes:
+        terms = sites.additive_terms(node)
+        if not terms or not all(
+            t.has_role(Role.REFERENCE_LOGP) and _penalised(t, negative=False) for t in terms
+        ):
+            return False
+    return True
+
+
 def _held_name(expr: cst.BaseExpression) -> str:
     """``returns`` of ``returns``, ``returns[i]``: the name a value is read by."""
     while isinstance(expr, cst.Subscript):
@@ -1255,11 +1290,23 @@ def _penalised(node: ir.Node, *, negative: bool) -> bool:
         return _penalised(node.left, negative=negative) or _penalised(
             node.right, negative=not negative
         )
-    if isinstance(node, ir.Binary) and node.op == "mul":
-        for factor, other in ((node.left, node.right), (node.right, node.left)):
-            if isinstance(factor, ir.Const) and factor.value < 0:
-                return _penalised(other, negative=not negative)
+    if isinstance(node, ir.Binary) and node.op in ("mul", "div"):
+        for factor, other in ((node.right, node.left), (node.left, node.right)):
+            if not factor.has_role(Role.REFERENCE_LOGP):
+                # ``-coef * 0.5 * kl``: a weight's sign, coefficients positive.
+                return _penalised(other, negative=negative != (_sign(factor) < 0))
     return any(_penalised(child, negative=negative) for child in node.children())
+
+
+def _sign(weight: ir.Node) -> int:
+    """The sign of a weight without the reference, its coefficients positive."""
+    if isinstance(weight, ir.Const):
+        return -1 if weight.value < 0 else 1
+    if isinstance(weight, ir.Unary) and weight.op == "neg":
+        return -_sign(weight.arg)
+    if isinstance(weight, ir.Binary) and weight.op in ("mul", "div"):
+        return _sign(weight.left) * _sign(weight.right)
+    return 1
 
 
 def _per_token_kl(value: Value) -> bool:

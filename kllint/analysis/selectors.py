@@ -337,6 +337,15 @@ def _self_attributes(module: ModuleInfo, cls: ClassInfo) -> tuple[Counter[str], 
     return known
 
 
+def maximises(module: ModuleInfo, cls: ClassInfo | None) -> bool:
+    """Whether the class (or, outside a class, the file) builds its optimizer
+    with ``maximize=True``: what it backpropagates is then climbed, an
+    objective rather than a loss."""
+    text = _class_text(module, cls) if cls is not None else module.source
+    return "maximize" in text and _MAXIMIZE.search(text) is not None
+
+
+_MAXIMIZE = re.compile(r"\bmaximize\s*=\s*True\b")
 _ASSIGNED = re.compile(r"self\.(\w+)\s*(?:[-+*/]?=)(?!=)")
 # ``self.kl = KLLoss(...)``, or a class picked from a registry and built
 # (``self.kl_fn = KL_MODULES[cfg.kl_estimator]()``).

@@ -228,6 +228,11 @@ def _is_reduced(node: ir.Node) -> bool:
             return isinstance(node, ir.Reduce)
 
 
+def additive_terms(node: ir.Node) -> list[ir.Node]:
+    """The additive terms of a value, as the rules judge them one by one."""
+    return _split(node)
+
+
 def _split(node: ir.Node) -> list[ir.Node]:
     origin = node.origin
     if isinstance(node, ir.Binary) and node.op in ("add", "sub"):
