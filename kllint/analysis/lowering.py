@@ -411,10 +411,13 @@ def _view(at: TorchCall, receiver: Value, args: Args, kwargs: Kwargs) -> Value:
     if isinstance(receiver, Choice):
         return Choice([(label, _view(at, v, args, kwargs)) for label, v in receiver.options])
     if isinstance(receiver, Grouped):
-        return receiver.node if len(args) <= 1 else receiver
+        # ``view(-1)`` and ``view(-1, 1)`` (one score per sample, as a column) undo the groups.
+        ungrouped = len(args) <= 1 or (len(args) == 2 and _float(args[1]) == 1)
+        return receiver.node if ungrouped else receiver
     if (
         len(args) == 2
         and _float(args[0]) == -1
+        and _float(args[1]) != 1  # ``view(-1, 1)``: a column to broadcast, not groups
         and isinstance(receiver, ir.Node)
         and not isinstance(receiver, ir.Opaque)
     ):
