@@ -37,7 +37,7 @@ from pathlib import Path
 
 import libcst as cst
 
-from kllint.analysis import ir, lowering, roles, selectors, sinks, sites
+from kllint.analysis import ir, library, lowering, roles, selectors, sinks, sites
 from kllint.analysis.calls import Calls
 from kllint.analysis.expressions import BINOPS, compare, split_tensor
 from kllint.analysis.frame import MAX_DEPTH, FileContext
@@ -1506,6 +1506,8 @@ def _has_selector_parameter(fn: cst.FunctionDef) -> bool:
 
 def helper_label(ref: FuncRef) -> str:
     """How a helper is named in messages: ``name`` (path:line)."""
+    if library.is_library(ref.module):
+        return f"`{ref.name}` ({ref.module.path.name.strip('<>')}, as kllint models it)"
     path = ref.module.path
     try:
         shown = path.relative_to(Path.cwd()).as_posix()

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import libcst as cst
 
-from kllint.analysis import callers
+from kllint.analysis import callers, library
 from kllint.analysis.module import ClassInfo, ModuleInfo, Sketch, parse_module, unparsed
 from kllint.analysis.values import FuncRef
 
@@ -287,7 +287,9 @@ class Project:
         package's ``__init__``)."""
         imported = self.resolve_module(module, importer, level)
         if imported is None:
-            return None
+            # ``from verl.trainer.ppo.core_algos import kl_penalty`` with verl
+            # not in the tree: kllint's stand-in, where it has one.
+            return library.function(module, name) if level == 0 else None
         if name in imported.functions:
             return FuncRef(unparsed(imported.functions, name), imported)
         target = imported.imports.get(name)
@@ -384,6 +386,8 @@ class Project:
         the prefilter): a helper's finding may be left to its own file only
         then. Which files a run names does not matter, so that a file gives
         the same findings however it is reached (and cached)."""
+        if library.is_library(module):
+            return False
         return self.prefilter is None or self.prefilter(module.source)
 
     @staticmethod

@@ -1,0 +1,71 @@
+"""KL estimators of RL libraries that a project imports without shipping.
+
+A trainer built on verl calls ``verl.trainer.ppo.core_algos.kl_penalty``
+with the estimator's name; when verl is not part of the linted tree, the
+call would be unknown and the KL term lost. Each entry here is a stand-in
+written for kllint, with the library function's signature and the
+estimator each option computes (value and gradient), so the call is
+followed as a helper of another module is: the verdict is placed at the
+call. Only functions whose behaviour has not changed across the releases
+kllint is checked on are listed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import libcst as cst
+
+from kllint.analysis.module import ModuleInfo, unparsed
+from kllint.analysis.values import FuncRef
+
+# verl 0.4-0.9: ``kl_penalty(logprob, ref_logprob, kl_penalty)``. A ``+``
+# suffix (0.7+) keeps the named estimator's value and takes the gradient of
+# k2 by a straight-through term; k3 is clamped for numerical stability.
+_VERL_CORE_ALGOS = """
+import torch
+
+
+def kl_penalty(logprob, ref_logprob, kl_penalty):
+    if kl_penalty in ("kl+", "k1+", "abs+", "low_var_kl+", "k3+"):
+        value = kl_penalty_forward(logprob, ref_logprob, kl_penalty[:-1])
+        k2 = 0.5 * (logprob - ref_logprob).square()
+        return k2 - k2.detach() + value.detach()
+    return kl_penalty_forward(logprob, ref_logprob, kl_penalty)
+
+
+def kl_penalty_forward(logprob, ref_logprob, kl_penalty):
+    if kl_penalty in ("kl", "k1"):
+        return logprob - ref_logprob
+    if kl_penalty == "abs":
+        return (logprob - ref_logprob).abs()
+    if kl_penalty in ("mse", "k2", "mse+", "k2+"):
+        return 0.5 * (logprob - ref_logprob).square()
+    if kl_penalty in ("low_var_kl", "k3"):
+        kl = torch.clamp(ref_logprob - logprob, min=-20, max=20)
+        ratio = torch.exp(kl)
+        return torch.clamp(ratio - kl - 1, min=-10, max=10)
+    raise NotImplementedError(kl_penalty)
+"""
+
+_SOURCES = {"verl.trainer.ppo.core_algos": _VERL_CORE_ALGOS}
+_MODULES: dict[str, ModuleInfo] = {}
+
+
+def function(module: str, name: str) -> FuncRef | None:
+    """The stand-in for ``name`` of library module ``module``, if kllint has one."""
+    source = _SOURCES.get(module)
+    if source is None:
+        return None
+    info = _MODULES.get(module)
+    if info is None:
+        path = Path(f"<{module}>")
+        info = _MODULES[module] = ModuleInfo(path, cst.parse_module(source), source)
+    if name not in info.functions:
+        return None
+    return FuncRef(unparsed(info.functions, name), info)
+
+
+def is_library(module: ModuleInfo) -> bool:
+    """Whether ``module`` is one of these stand-ins (never a file to report on)."""
+    return any(info is module for info in _MODULES.values())
