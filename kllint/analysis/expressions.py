@@ -416,10 +416,25 @@ class Expressions(Frame):
             default = self.setting_default(base, attr)
             if default is not None and isinstance(default.value, bool):
                 return replace(unknown, default_flag=default.value)
+            if default is None and self.negative_coefficient(attr):
+                # ``--kl-bonus-coef`` defaulting to -0.02 ("negative = penalty"):
+                # a coefficient's sign is its default's, whatever its size.
+                return ir.neg(ir.Atom(Role.COEFFICIENT, code(expr)))
             return default if default is not None else unknown
         if isinstance(base, (FuncRef, Py)):
             return Unknown(code(expr), (attr,))
         return Unknown(code(expr), (attr,))
+
+    def negative_coefficient(self, attr: str) -> bool:
+        """A setting named like a coefficient whose every default in the
+        package is a negative number."""
+        if roles.weight_role(attr) is not Role.COEFFICIENT:
+            return False
+        defaults = self.context.project.config_defaults(self.context.fs_path, attr)
+        return bool(defaults) and all(
+            isinstance(d.value, (int, float)) and not isinstance(d.value, bool) and d.value < 0
+            for d in defaults
+        )
 
     def static_method(self, class_name: str, name: str) -> FuncRef | None:
         """``KLEstimators.k2``, a static method of a class of this module
