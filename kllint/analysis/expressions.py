@@ -428,13 +428,18 @@ class Expressions(Frame):
     def negative_coefficient(self, attr: str) -> bool:
         """A setting named like a coefficient whose every default in the
         package is a negative number."""
-        if roles.weight_role(attr) is not Role.COEFFICIENT:
-            return False
-        defaults = self.context.project.config_defaults(self.context.fs_path, attr)
-        return bool(defaults) and all(
-            isinstance(d.value, (int, float)) and not isinstance(d.value, bool) and d.value < 0
-            for d in defaults
-        )
+        known = self.context.negative_coefficients.get(attr)
+        if known is None:
+            defaults = (
+                self.context.project.config_defaults(self.context.fs_path, attr)
+                if roles.weight_role(attr) is Role.COEFFICIENT
+                else []
+            )
+            known = self.context.negative_coefficients[attr] = bool(defaults) and all(
+                isinstance(d.value, (int, float)) and not isinstance(d.value, bool) and d.value < 0
+                for d in defaults
+            )
+        return known
 
     def static_method(self, class_name: str, name: str) -> FuncRef | None:
         """``KLEstimators.k2``, a static method of a class of this module

@@ -60,6 +60,8 @@ class FileContext:
     # container's value: what a helper writes into its argument, its caller
     # reads back.
     written: dict[int, tuple[object, dict[str, Value]]] = field(default_factory=dict)
+    # Settings named like coefficients whose every default is negative, by name.
+    negative_coefficients: dict[str, bool] = field(default_factory=dict)
 
     def write(self, container: Value, key: str, value: Value) -> None:
         held = _held(container)

@@ -491,7 +491,7 @@ class Project:
 
     @staticmethod
     def _scan_python(text: str, shown: str, defaults: _PackageDefaults) -> None:
-        if _LOADS_YAML.search(text):
+        if ("OmegaConf.create" in text or "yaml." in text) and _LOADS_YAML.search(text):
             _scan_inline_yaml(text, shown, defaults)
         if "{" in text:
             _scan_dict_configs(text, shown, defaults)
