@@ -22,7 +22,7 @@ from kllint.analysis.lowering import (
     TENSOR_IDENTITY,
     UNARY,
 )
-from kllint.analysis.module import ClassInfo, ModuleInfo, dotted_name
+from kllint.analysis.module import ClassInfo, ModuleInfo, decorator_names
 from kllint.analysis.project import Project
 from kllint.analysis.syntax import chain_names, code, full_code
 from kllint.analysis.values import (
@@ -882,10 +882,7 @@ def _is_property(ref: FuncRef) -> bool:
     """A ``@property`` (or ``cached_property``), told from the text while the
     method is not parsed: a lookup must not parse what it does not follow."""
     if ref.parsed:
-        return any(
-            (dotted_name(d.decorator) or "").rpartition(".")[2] in ("property", "cached_property")
-            for d in ref.node.decorators
-        )
+        return bool(decorator_names(ref.node) & {"property", "cached_property"})
     source = ref.module.source
     if "property" not in source:
         return False

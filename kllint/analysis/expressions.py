@@ -12,7 +12,7 @@ import libcst as cst
 from kllint.analysis import ir, lowering, roles, selectors
 from kllint.analysis.frame import Frame
 from kllint.analysis.ir import Role
-from kllint.analysis.module import ClassInfo, ModuleInfo, dotted_name, unparsed
+from kllint.analysis.module import ClassInfo, ModuleInfo, decorator_names, dotted_name, unparsed
 from kllint.analysis.syntax import children, code, descendants, full_code
 from kllint.analysis.values import (
     Choice,
@@ -446,10 +446,7 @@ class Expressions(Frame):
         named without calling it: the function itself."""
         found = self.context.project.class_named(class_name, self.module)
         ref = self.context.project.method(found[0], found[1], name) if found else None
-        if ref is None or not any(
-            (dotted_name(d.decorator) or "").rpartition(".")[2] == "staticmethod"
-            for d in ref.node.decorators
-        ):
+        if ref is None or "staticmethod" not in decorator_names(ref.node):
             return None
         return ref
 

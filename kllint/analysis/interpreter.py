@@ -46,7 +46,14 @@ from kllint.analysis.ir import Role
 from kllint.analysis.module import ClassInfo, ModuleInfo, dotted_name, names_imported
 from kllint.analysis.project import Project
 from kllint.analysis.sinks import Sink
-from kllint.analysis.syntax import chain_names, code, descendants, full_code, string_key
+from kllint.analysis.syntax import (
+    chain_names,
+    code,
+    descendants,
+    full_code,
+    named_params,
+    string_key,
+)
 from kllint.analysis.values import (
     AND,
     HIDDEN,
@@ -103,7 +110,7 @@ class Interpreter(Calls):
             # factory from its config).
             self.env = dict(enclosing())
         params = fn.params
-        for param in [*params.posonly_params, *params.params, *params.kwonly_params]:
+        for param in named_params(fn):
             name = param.name.value
             if bound is not None and name in bound:
                 value = bound[name]
@@ -128,10 +135,7 @@ class Interpreter(Calls):
         if isinstance(params.star_kwarg, cst.Param) and bound:
             # ``def _aggregate(self, **terms)`` given ``**loss_terms`` or
             # ``kl_loss=...``: the keywords no parameter takes are its dict.
-            named = {
-                p.name.value
-                for p in [*params.posonly_params, *params.params, *params.kwonly_params]
-            }
+            named = {p.name.value for p in named_params(fn)}
             extra = {key: value for key, value in bound.items() if key not in named}
             if extra:
                 self.env[params.star_kwarg.name.value] = DictVal(extra)
@@ -171,16 +175,7 @@ class Interpreter(Calls):
         the project that is called (``__call__``, ``forward``) is an object
         of that class; calling it runs the class's code. Its ``__init__``
         is not run: what it was built with is the caller's."""
-        params = fn.params
-        param = next(
-            (
-                p
-                for p in [*params.posonly_params, *params.params, *params.kwonly_params]
-                if p.name.value == name
-            ),
-            None,
-        )
-        annotation = param.annotation.annotation if param and param.annotation else None
+        annotation = selectors.annotation_of(fn, name)
         if not (isinstance(annotation, cst.Name) and annotation.value[:1].isupper()):
             return None
         found = self.context.project.class_named(annotation.value, self.module)
@@ -568,13 +563,8 @@ class Interpreter(Calls):
             if self.depth == 0 and isinstance(value, DictVal):
                 # ``return {"advantages": advantages, ...}``: an experience
                 # record as a dict, read back by the loss.
-                keys = [k for k in value.items if sinks.is_advantage_key(k)] or [
-                    k for k in value.items if sinks.is_returns_key(k)
-                ]
-                for key in keys:
-                    self.advantage_sink(
-                        small, value.items[key], f"the advantages returned as `{key}`"
-                    )
+                for key, item in _read_back(list(value.items.items())):
+                    self.advantage_sink(small, item, f"the advantages returned as `{key}`")
             if (
                 self.depth == 0
                 and isinstance(small.value, cst.Tuple)
@@ -590,10 +580,7 @@ class Interpreter(Calls):
                     for element, item in zip(small.value.elements, value.items)
                     if isinstance(element.value, cst.Name)
                 ]
-                read_back = [item for name, item in named if sinks.is_advantage_key(name)] or [
-                    item for name, item in named if sinks.is_returns_key(name)
-                ]
-                for item in read_back:
+                for _, item in _read_back(named):
                     self.advantage_sink(
                         small, item, f"the advantages returned by `{self.function_name}`"
                     )
@@ -1254,6 +1241,14 @@ def _signed_for_the_caller(value: Value) -> bool:
     return True
 
 
+def _read_back(named: list[tuple[str, Value]]) -> list[tuple[str, Value]]:
+    """Of what a function returns by name, what a policy-gradient loss reads
+    back as its advantages: the advantages, else the returns."""
+    return [(k, v) for k, v in named if sinks.is_advantage_key(k)] or [
+        (k, v) for k, v in named if sinks.is_returns_key(k)
+    ]
+
+
 def _held_name(expr: cst.BaseExpression) -> str:
     """``returns`` of ``returns``, ``returns[i]``: the name a value is read by."""
     while isinstance(expr, cst.Subscript):
@@ -1493,7 +1488,7 @@ def _has_selector_parameter(fn: cst.FunctionDef) -> bool:
     positional = [*params.posonly_params, *params.params]
     if positional and positional[0].name.value in ("self", "cls"):
         return True
-    for param in [*params.posonly_params, *params.params, *params.kwonly_params]:
+    for param in named_params(fn):
         if isinstance(param.default, (cst.SimpleString, cst.ConcatenatedString)):
             return True
         if roles.is_logprob_name(param.name.value):

@@ -891,3 +891,8 @@ def dotted_name(node: cst.CSTNode | None) -> str | None:
         base = dotted_name(node.value)
         return f"{base}.{node.attr.value}" if base is not None else None
     return None
+
+
+def decorator_names(fn: cst.FunctionDef) -> set[str]:
+    """The last name of each decorator (``staticmethod``, ``property``)."""
+    return {(dotted_name(d.decorator) or "").rpartition(".")[2] for d in fn.decorators}

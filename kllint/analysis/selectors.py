@@ -20,7 +20,7 @@ import libcst as cst
 from kllint.analysis import roles
 from kllint.analysis.module import ClassInfo, ModuleInfo, dotted_name
 from kllint.analysis.project import Project
-from kllint.analysis.syntax import descendants, full_code
+from kllint.analysis.syntax import descendants, full_code, named_params
 from kllint.analysis.values import HIDDEN, Py, Unknown
 
 # A name with one of these words, compared with a string, selects an estimator.
@@ -433,11 +433,11 @@ def typed_default(
     default that class gives ``x``, the most specific evidence there is."""
     annotation: cst.BaseExpression | None = None
     if len(names) == 1 and function is not None:
-        annotation = _annotation_of(function, names[0])
+        annotation = annotation_of(function, names[0])
     elif len(names) == 2 and names[0] == "self" and cls is not None:
         init = cls.methods.get("__init__")
         if init is not None:
-            annotation = _annotation_of(init, names[1])
+            annotation = annotation_of(init, names[1])
     class_name = dotted_name(annotation) if annotation is not None else None
     if class_name is None:
         return None
@@ -482,9 +482,9 @@ def _named_default(
     return None
 
 
-def _annotation_of(fn: cst.FunctionDef, name: str) -> cst.BaseExpression | None:
-    params = fn.params
-    for param in [*params.posonly_params, *params.params, *params.kwonly_params]:
+def annotation_of(fn: cst.FunctionDef, name: str) -> cst.BaseExpression | None:
+    """The annotation of ``fn``'s parameter ``name`` (``config: PPOConfig``)."""
+    for param in named_params(fn):
         if param.name.value == name and param.annotation is not None:
             return param.annotation.annotation
     return None

@@ -17,7 +17,7 @@ import libcst as cst
 from kllint.analysis import callers, ir, roles
 from kllint.analysis.callers import Caller
 from kllint.analysis.project import Project
-from kllint.analysis.syntax import code, string_key
+from kllint.analysis.syntax import code, named_params, string_key
 from kllint.analysis.values import DictVal, Seq, Value, tensors_of
 
 
@@ -312,8 +312,7 @@ def backpropagated_elements(
 
 def steerable(fn: cst.FunctionDef) -> bool:
     """A parameter may choose the estimator (a string default, ``kl_type``)."""
-    params = fn.params
-    for param in [*params.posonly_params, *params.params, *params.kwonly_params]:
+    for param in named_params(fn):
         if isinstance(param.default, (cst.SimpleString, cst.ConcatenatedString)):
             return True
         if set(roles.words(param.name.value)) & _STEERING_WORDS:

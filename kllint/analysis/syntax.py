@@ -68,6 +68,13 @@ def chain_names(expr: cst.BaseExpression) -> list[str]:
     return []
 
 
+def named_params(fn: cst.FunctionDef) -> list[cst.Param]:
+    """A function's parameters that have names: positional-only, ordinary
+    and keyword-only (not ``*args`` or ``**kwargs``)."""
+    params = fn.params
+    return [*params.posonly_params, *params.params, *params.kwonly_params]
+
+
 def descendants(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
     """The node and every node below it. Read from the nodes' fields:
     LibCST's ``children`` runs a visitor over each node, a tenth of a parse
