@@ -487,6 +487,7 @@ def makes_log_probs(function: str) -> bool:
 
 
 _LOGITS_TO_LOG_PROBS = frozenset({"softmax", "logsumexp", "gather"})
+KL_WORDS = frozenset({"kl", "kld", "kls", "divergence"})
 _LOG_RATIO_WORDS = frozenset({"kl", "kld", "kls", "divergence", "exp", "expm1", "ratio", "ratios"})
 
 

@@ -24,7 +24,13 @@ from kllint.analysis.gradient import (
     profile,
 )
 from kllint.analysis.ir import Role
-from kllint.analysis.roles import CURRENT_WORDS, PREFERENCE_WORDS, TOKEN_WORDS, has_words
+from kllint.analysis.roles import (
+    CURRENT_WORDS,
+    KL_WORDS,
+    PREFERENCE_WORDS,
+    TOKEN_WORDS,
+    has_words,
+)
 
 _LOGPROB_ROLES = (Role.POLICY_LOGP, Role.OLD_LOGP)
 
@@ -411,6 +417,79 @@ def _ratio_weighted(term: ir.Node, focus: ir.Node) -> ir.Binary | None:
     return None
 
 
+def _score_function(term: ir.Node, focus: ir.Node) -> ir.Node | None:
+    """Where a KL term is written as a score function: the innermost product
+    of the detached weight and the policy's log-probs, when the code names
+    it a KL (``kl_term = (kl_to_go * logps * mask).sum()``). The weight alone
+    has no gradient; that line is the estimate, and
+    ``log_ratio = (logp - ref).detach()`` only its input. A product named
+    otherwise is the policy-gradient loss weighting a KL reward, which is
+    written where the reward is computed."""
+    weight = focus.origin
+    if weight is None:
+        return None
+    path = _path(term, focus)
+    detached = not ir.depends_on_policy(focus)
+    for index in range(len(path) - 2, -1, -1):
+        node = path[index]
+        if isinstance(node, ir.Unary) and node.op == "detach":
+            detached = True
+        if not detached:
+            continue
+        if isinstance(node, ir.Binary) and node.op in ("add", "sub"):
+            # The weight joined other terms on its way (``scores + kl``, then
+            # the advantages): a KL reward, written where it is computed.
+            return None
+        if (
+            isinstance(node, ir.Binary)
+            and node.op == "mul"
+            and node.origin is not None
+            and node.origin.cst_node is not None
+            and not node.origin.assumed  # a loss kllint stands in for (stored advantages)
+            # In the function that computes the weight: a KL reward the
+            # policy-gradient loss multiplies elsewhere is written where it is
+            # computed.
+            and node.origin.function is weight.function
+            and node.origin.helper_node is weight.helper_node
+            and ir.depends_on_policy(node)
+        ):
+            return node if _assigned_a_kl_name(node.origin.statement) else None
+    return None
+
+
+def _assigned_a_kl_name(statement: object) -> bool:
+    targets: list[cst.BaseExpression] = []
+    smalls = statement.body if isinstance(statement, cst.SimpleStatementLine) else [statement]
+    for small in smalls:
+        if isinstance(small, (cst.AnnAssign, cst.AugAssign)):
+            targets.append(small.target)
+        elif isinstance(small, cst.Assign):
+            targets.extend(t.target for t in small.targets)
+    for target in targets:
+        name = target.attr.value if isinstance(target, cst.Attribute) else None
+        name = target.value if isinstance(target, cst.Name) else name
+        if name is not None and has_words(name, KL_WORDS):
+            return True
+    return False
+
+
+def _path(node: ir.Node, target: ir.Node, without: set[int] | None = None) -> list[ir.Node]:
+    """The nodes from ``node`` down to ``target``, both included (empty when
+    ``target`` is not below ``node``). Subtrees are shared (a DAG): each one
+    without the target is searched once."""
+    without = set() if without is None else without
+    if node is target:
+        return [node]
+    for child in node.children():
+        if id(child) in without:
+            continue
+        below = _path(child, target, without)
+        if below:
+            return [node, *below]
+        without.add(id(child))
+    return []
+
+
 _PROFILES: dict[tuple[object, ...], GradientProfile | None] = {}
 
 
@@ -504,6 +583,8 @@ def build_site(
     written = focus
     if weighted is not None and _written_apart(term, weighted):
         written = weighted
+    elif ir.depends_on_policy(term):
+        written = _score_function(term, focus) or focus
     origin = written.origin or term.origin or fallback
     if origin.reported_by_helper:
         return None
