@@ -277,7 +277,10 @@ def init_default(
         ),
         None,
     )
-    literal = _literal_node(default, ints=index)
+    # ``kl_estimator: Literal[0, 1, 2, 3] = 2``: a choice among values, so an
+    # int is a selector even where the value is handed on before it indexes.
+    choices = _is_literal_type(annotation_of(init, parameter))
+    literal = _literal_node(default, ints=index or choices)
     if literal is None:
         # ``kl_estimator: KLEstimator = KLEstimator.K2``: the member's value.
         literal = _member_value(module, default, project)
@@ -480,6 +483,12 @@ def _named_default(
         if found.constant is not None and found.constant in module.constants:
             return _literal_node(module.constants[found.constant])
     return None
+
+
+def _is_literal_type(annotation: cst.BaseExpression | None) -> bool:
+    return isinstance(annotation, cst.Subscript) and (
+        dotted_name(annotation.value) or ""
+    ).endswith("Literal")
 
 
 def annotation_of(fn: cst.FunctionDef, name: str) -> cst.BaseExpression | None:
