@@ -695,10 +695,13 @@ class Calls(Expressions):
         Losing the flow must not lose the term."""
         estimates = []
         for arg in call.args:
-            if arg.star or not isinstance(arg.value, (cst.Name, cst.Attribute, cst.Subscript)):
-                continue  # a named value: evaluating a nested call again would cost an inlining
+            if arg.star or not _without_calls(arg.value):
+                continue  # evaluating a nested call again would cost an inlining
             value = self.eval(arg.value)
-            if isinstance(value, (ir.Node, Choice)) and _differentiable_kl(value):
+            if isinstance(value, (ir.Node, Choice)) and (
+                _differentiable_kl(value)
+                or (_behaviour_kl(value) and self._assigned_to_a_loss())
+            ):
                 estimates.append(value)
         if len(estimates) != 1:
             return None
@@ -708,6 +711,19 @@ class Calls(Expressions):
             "that passes the KL estimate's value and gradient through",
         )
         return self.lift1(estimates[0], lambda n: ir.Reduce("mean", ir.Axis.ALL, n, origin=origin))
+
+    def _assigned_to_a_loss(self) -> bool:
+        """The statement being run names its value a loss (``kl_loss = ...``)."""
+        line = self.statement
+        smalls = line.body if isinstance(line, cst.SimpleStatementLine) else [line]
+        return any(
+            isinstance(small, cst.Assign)
+            and any(
+                isinstance(t.target, cst.Name) and sinks.is_loss_name(t.target.value)
+                for t in small.targets
+            )
+            for small in smalls
+        )
 
     def advantage_estimator(self, name: str, call: cst.Call) -> ir.Node | None:
         """An advantage/return estimator kllint cannot read (``compute_gae`` passed
@@ -864,6 +880,31 @@ class Calls(Expressions):
             [self.eval(a.value) for a in args],
             {k: self.eval(v) for k, v in kwargs.items()},
         )
+
+
+def _without_calls(expr: cst.BaseExpression) -> bool:
+    """A named value or arithmetic on named values (``kl * loss_mask``)."""
+    if isinstance(expr, (cst.Name, cst.Attribute, cst.Subscript, cst.Integer, cst.Float)):
+        return True
+    if isinstance(expr, cst.BinaryOperation):
+        return _without_calls(expr.left) and _without_calls(expr.right)
+    if isinstance(expr, cst.UnaryOperation):
+        return _without_calls(expr.expression)
+    return False
+
+
+def _behaviour_kl(value: Value) -> bool:
+    """A KL estimate of the rollout's log-probs against the reference's, with
+    no gradient path: reduced into a loss (``kl_loss = reduce(kl * mask)``)
+    it is KL005's term, lost if the unknown reducer dropped it."""
+    if isinstance(value, Choice):
+        return any(_behaviour_kl(v) for _, v in value.options)
+    return (
+        isinstance(value, ir.Node)
+        and value.has_role(Role.REFERENCE_LOGP)
+        and value.has_role(Role.OLD_LOGP)
+        and not ir.depends_on_policy(value)
+    )
 
 
 def _differentiable_kl(value: Value) -> bool:
