@@ -458,8 +458,8 @@ class Expressions(Frame):
         assert self.cls is not None
         if not selectors.builds_object(self.module, self.cls, attr):
             return None
-        init = self.cls.methods.get("__init__")
-        if init is None or not isinstance(init.body, cst.IndentedBlock):
+        init = _constructor(self.cls, attr)
+        if init is None:
             return None
         built = _init_assignments(init).get(attr, [])
         if len(built) != 1 or not isinstance(built[0], cst.Call):
@@ -521,8 +521,8 @@ class Expressions(Frame):
         # an attribute the class assigns once.
         if not selectors.assigned_once(self.module, self.cls, attr):
             return None
-        init = self.cls.methods.get("__init__")
-        if init is None or not isinstance(init.body, cst.IndentedBlock):
+        init = _constructor(self.cls, attr)
+        if init is None:
             return None
         assigned = _init_assignments(init).get(attr, [])
         if (
@@ -783,6 +783,22 @@ def _from_settings(value: Value) -> bool:
         and len(value.names) == 2
         and any(w in selectors.CONFIG_WORDS for w in roles.words(value.names[0]))
     )
+
+
+# Methods frameworks call once to set an object up, after ``__init__``
+# (oat's ``_init``, Lightning's ``setup``, a dataclass's ``__post_init__``).
+_SETUP_METHODS = ("__init__", "__post_init__", "_init", "setup", "_setup")
+
+
+def _constructor(cls: ClassInfo, attr: str) -> cst.FunctionDef | None:
+    """The method that sets ``self.attr`` up: ``__init__``, or a setup hook
+    where ``__init__`` does not assign it."""
+    for name in _SETUP_METHODS:
+        method = cls.methods.get(name)
+        if method is not None and isinstance(method.body, cst.IndentedBlock):
+            if attr in _init_assignments(method):
+                return method
+    return None
 
 
 def _init_assignments(init: cst.FunctionDef) -> dict[str, list[cst.BaseExpression]]:
