@@ -902,8 +902,16 @@ def vocabulary_expectation(kind: str, node: ir.Node, origin: ir.Origin) -> ir.No
             if roles_of == ({Role.POLICY_LOGP}, {Role.REFERENCE_LOGP}):
                 origin.estimate = "exact KL(pi||pi_ref) over the vocabulary at each position"
                 # The weight carries gradient too, but sum_v grad p_v = 0 makes the
-                # expectation of the score the whole story.
-                return ir.Binary("mul", ir.detach(log_ratio, origin), policy, origin=origin)
+                # expectation of the score the whole story. The value is the
+                # sampled log-ratio, whose expectation given the prefix is the
+                # position's KL: detached and carried to earlier tokens (the
+                # score function of the KL still to come) it weighs as the
+                # exact KL does.
+                weight = ir.detach(log_ratio, origin)
+                score = ir.Binary(
+                    "mul", weight, ir.Binary("sub", policy, ir.detach(policy, origin)), origin=origin
+                )
+                return ir.Binary("add", score, weight, origin=origin)
             if roles_of == ({Role.REFERENCE_LOGP}, {Role.POLICY_LOGP}):
                 return ir.Opaque(_REFERENCE_WEIGHTED)
     return ir.Opaque("a sum over the vocabulary")
