@@ -1066,7 +1066,7 @@ class Interpreter(Calls):
             and result is not None
             and len(self.context.sinks) == sinks_before
             and (
-                (alone and _defect_of_its_own(result))
+                (alone and _defect_of_its_own(result, sinks.names_an_objective(ref.name)))
                 or (
                     # ``apply_kl_penalty(batch, kl_penalty="low_var_kl")`` picks
                     # the estimator at the call: reported there.
@@ -1192,19 +1192,20 @@ class Interpreter(Calls):
         return result if keep(result) else credited
 
 
-def _defect_of_its_own(value: Value) -> bool:
+def _defect_of_its_own(value: Value, maximised: bool = False) -> bool:
     """Whether what a helper returns already reduces its KL over each
     sequence's tokens (a loss, an objective, a sequence-level reward) and,
-    minimised as it is, has a KL gradient defect of its own (a k1 or k3, a
-    per-token term summed, a penalty negated inside it). A correct KL, or one
-    without gradient (the caller passed detached log-probs), leaves the
-    defect to the use the caller makes of it; so does a per-token estimate,
-    whose use (a reward, a loss) is still the caller's to decide."""
+    minimised as it is (``maximised``: as its name says, an objective), has
+    a KL gradient defect of its own (a k1 or k3, a per-token term summed, a
+    penalty negated inside it). A correct KL, or one without gradient (the
+    caller passed detached log-probs), leaves the defect to the use the
+    caller makes of it; so does a per-token estimate, whose use (a reward, a
+    loss) is still the caller's to decide."""
     terms = [
         term
         for node in tensors_of(value)
         if not ir.is_detached(node)
-        for term in sites.kl_terms(node)
+        for term in sites.kl_terms(ir.neg(node) if maximised else node)
     ]
     if not terms or any(_per_token_reference(term) for term in terms):
         return False

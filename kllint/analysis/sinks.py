@@ -90,6 +90,12 @@ def is_loss_name(name: str) -> bool:
     return bool(ws) and ws[-1] in ("loss", "losses")
 
 
+def names_an_objective(name: str) -> bool:
+    """``sequence_objective``, ``pg_kl_objective``: a value written to be
+    maximised, whose caller minimises its negation."""
+    return bool({"objective", "objectives"} & set(roles.words(name)))
+
+
 def names_a_loss_function(name: str) -> bool:
     """``gspo_loss_seq_k3``, ``loss_with_kl``: a function that computes a loss,
     not one that logs or scales one (``log_loss_stats``, ``loss_scale``)."""
