@@ -294,6 +294,9 @@ class Expressions(Frame):
         if name in self.module.classes:
             return Unknown(name, (name,), module=None, class_name=name)
         if name in self.module.imports:
+            constant = self.context.project.imported_constant(name, self.module)
+            if constant is not None:
+                return self.eval(constant)
             return Unknown(name, (name,), module=self.module.imports[name].dotted)
         if name in self.module.constants:
             constant = self.module.constants[name]
@@ -347,6 +350,12 @@ class Expressions(Frame):
             method = self.context.project.method(base.cls, base.module, attr)
             if method is not None:
                 return replace(method, receiver=base)
+            if base.unbuilt and self.cls is base.cls:
+                # In its own method: a setting ``__init__`` reads with a
+                # default (``config.get("kl_type", "k1_rtg")``), as for ``self``.
+                setting = self.setting_in_init(attr)
+                if setting is not None:
+                    return setting
             return Unknown(code(expr), (attr,))
         if isinstance(base, DictVal) and attr in base.items:
             # A record's field (``ref.logprobs``): a log-prob goes by the name
@@ -536,6 +545,16 @@ class Expressions(Frame):
             return None
         (value,) = self.eval_in_init(init, assigned)
         if isinstance(value, Py) and isinstance(value.value, str):
+            return value
+        if (
+            isinstance(value, Py)
+            and isinstance(value.value, int)
+            and not isinstance(value.value, bool)
+            and selectors.names_a_selector(attr)
+            and roles.weight_role(attr) is not Role.COEFFICIENT
+        ):
+            # ``self.kl_type = KLType(cfg.kl_type)`` of an ``IntEnum`` field: an
+            # int that chooses (a coefficient's number stays open).
             return value
         if isinstance(assigned[0], cst.Subscript) and _from_settings(value):
             return ir.Atom(Role.COEFFICIENT, f"self.{attr}")

@@ -174,7 +174,8 @@ class Interpreter(Calls):
         """``loss_fn: ReinforceLossFn``: a parameter annotated with a class of
         the project that is called (``__call__``, ``forward``) is an object
         of that class; calling it runs the class's code. Its ``__init__``
-        is not run: what it was built with is the caller's."""
+        is not run: what it was built with is the caller's, and its
+        settings are read as ``__init__`` gives them by default."""
         annotation = selectors.annotation_of(fn, name)
         if not (isinstance(annotation, cst.Name) and annotation.value[:1].isupper()):
             return None
@@ -184,7 +185,7 @@ class Interpreter(Calls):
             for method in ("__call__", "forward")
         ):
             return None
-        return Instance(found[0], found[1])
+        return Instance(found[0], found[1], unbuilt=True)
 
     # ----------------------------------------------------------------- statements
 

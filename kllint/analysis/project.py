@@ -317,6 +317,18 @@ class Project:
                 return target.classes[imported.name], target
         return None
 
+    def imported_constant(self, name: str, module: ModuleInfo) -> cst.BaseExpression | None:
+        """A literal constant of the project a module imports by name
+        (``from .constants import DEFAULT_KL_REDUCTION``): its value's node."""
+        imported = module.imports.get(name)
+        if imported is None or imported.name is None:
+            return None
+        target = self.resolve_module(imported.module, module.path, imported.level)
+        constant = target.constants.get(imported.name) if target is not None else None
+        if isinstance(constant, (cst.SimpleString, cst.ConcatenatedString, cst.Integer)):
+            return constant
+        return None
+
     def method(self, cls: ClassInfo, module: ModuleInfo, name: str) -> FuncRef | None:
         """``self.name`` in ``cls``: in the class, else in its base classes
         (this module's or imported from the project), nearest first. Kept,

@@ -441,7 +441,7 @@ def typed_default(
         init = cls.methods.get("__init__")
         if init is not None:
             annotation = annotation_of(init, names[1])
-    class_name = dotted_name(annotation) if annotation is not None else None
+    class_name = dotted_name(_optional(annotation)) if annotation is not None else None
     if class_name is None:
         return None
     found = project.class_named(class_name, module)
@@ -449,9 +449,14 @@ def typed_default(
         return None
     config_class, where = found
     literal = _field_default(config_class, attr)
+    # An Enum-typed field (``kl_type: KLType = KLType.K3_RTG``) chooses among
+    # members: an ``IntEnum`` member's int is a selector's value.
+    choices = literal is None and any(
+        f.name == attr and f.annotated and f.member is not None for f in config_class.fields
+    )
     if literal is None:
         literal = _named_default(project, where, config_class, attr)
-    choices = any(f.name == attr and f.choices for f in config_class.fields)
+    choices = choices or any(f.name == attr and f.choices for f in config_class.fields)
     if literal is None or (isinstance(literal, int) and not (index or choices)):
         return None
     line = where.line_of_class(config_class.name)
@@ -483,6 +488,22 @@ def _named_default(
         if found.constant is not None and found.constant in module.constants:
             return _literal_node(module.constants[found.constant])
     return None
+
+
+def _optional(annotation: cst.BaseExpression) -> cst.BaseExpression:
+    """``PPOConfig`` of ``PPOConfig | None`` and ``Optional[PPOConfig]``."""
+    if isinstance(annotation, cst.BinaryOperation) and isinstance(annotation.operator, cst.BitOr):
+        sides = [annotation.left, annotation.right]
+        named = [s for s in sides if not (isinstance(s, cst.Name) and s.value == "None")]
+        return named[0] if len(named) == 1 else annotation
+    if (
+        isinstance(annotation, cst.Subscript)
+        and (dotted_name(annotation.value) or "").endswith("Optional")
+        and len(annotation.slice) == 1
+        and isinstance(annotation.slice[0].slice, cst.Index)
+    ):
+        return annotation.slice[0].slice.value
+    return annotation
 
 
 def _is_literal_type(annotation: cst.BaseExpression | None) -> bool:

@@ -141,6 +141,9 @@ class Instance:
     # Its ``__init__``, run when an attribute is first read: most objects
     # a trainer builds (a model's layers) are never read again.
     pending: Callable[[], None] | None = field(default=None, compare=False, repr=False)
+    # Known only by its type (``loss_fn: GRPOLoss``): built by a caller kllint
+    # did not see, so its attributes are what ``__init__`` gives by default.
+    unbuilt: bool = False
 
     def built(self) -> dict[str, Value]:
         """The attributes, once ``__init__`` has run."""
