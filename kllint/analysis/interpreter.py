@@ -1055,6 +1055,8 @@ class Interpreter(Calls):
         sinks_before = len(self.context.sinks)
         rewards_before = len(self.helper_rewards)
         result = self.run_helper(ref, key, site, bound, in_place)
+        if not in_place and self.call_site is None:
+            result = _handed_back_at_the_call(result, bound, site)
         once = (
             self.call_site is None
             and ref.module is self.context.module
@@ -1219,6 +1221,23 @@ def _defect_of_its_own(value: Value, maximised: bool = False) -> bool:
         ):
             return True
     return False
+
+
+def _handed_back_at_the_call(result: Value, bound: dict[str, Value], site: ir.Origin) -> Value:
+    """A helper that hands an argument back as its estimate
+    (``kl_estimate(seq_log_ratio, kind="k1")`` returns ``log_ratio``): what it
+    returns comes from the call, where its finding belongs, not from the
+    caller's line that computed the argument."""
+    given = {id(v) for v in bound.values() if isinstance(v, ir.Node)}
+
+    def moved(value: Value) -> Value:
+        if isinstance(value, ir.Node) and id(value) in given and value.has_role(Role.REFERENCE_LOGP):
+            return replace(value, origin=replace(site, handed_back=True))
+        return value
+
+    if isinstance(result, Choice):
+        return Choice([(condition, moved(option)) for condition, option in result.options])
+    return moved(result) if result is not None else None
 
 
 def _given_a_function(bound: dict[str, Value]) -> bool:

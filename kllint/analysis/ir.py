@@ -84,6 +84,10 @@ class Origin:
     # A call of a loss function of another file: what it computes is that
     # file's finding (one bug, one finding), not the caller's.
     reported_by_helper: bool = False
+    # A helper's return that is one of its arguments handed back (a k1 branch
+    # returning ``log_ratio``): the estimate is the call, wherever the
+    # argument was computed.
+    handed_back: bool = False
 
 
 @dataclass(frozen=True, eq=False)

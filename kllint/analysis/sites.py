@@ -585,6 +585,11 @@ def build_site(
         written = weighted
     elif ir.depends_on_policy(term):
         written = _score_function(term, focus) or focus
+    handed_back = next(
+        (n for n in _path(term, focus) if n.origin is not None and n.origin.handed_back), None
+    )
+    if handed_back is not None:
+        written = handed_back
     origin = written.origin or term.origin or fallback
     if origin.reported_by_helper:
         return None
