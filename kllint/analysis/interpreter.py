@@ -1223,7 +1223,9 @@ def _defect_of_its_own(value: Value, maximised: bool = False) -> bool:
     return False
 
 
-def _handed_back_at_the_call(result: Value, bound: dict[str, Value], site: ir.Origin) -> Value:
+def _handed_back_at_the_call(
+    result: Value | None, bound: dict[str, Value], site: ir.Origin
+) -> Value | None:
     """A helper that hands an argument back as its estimate
     (``kl_estimate(seq_log_ratio, kind="k1")`` returns ``log_ratio``): what it
     returns comes from the call, where its finding belongs, not from the
