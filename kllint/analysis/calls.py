@@ -699,8 +699,7 @@ class Calls(Expressions):
                 continue  # evaluating a nested call again would cost an inlining
             value = self.eval(arg.value)
             if isinstance(value, (ir.Node, Choice)) and (
-                _differentiable_kl(value)
-                or (_behaviour_kl(value) and self._assigned_to_a_loss())
+                _differentiable_kl(value) or (_behaviour_kl(value) and self._assigned_to_a_loss())
             ):
                 estimates.append(value)
         if len(estimates) != 1:

@@ -1233,7 +1233,11 @@ def _handed_back_at_the_call(
     given = {id(v) for v in bound.values() if isinstance(v, ir.Node)}
 
     def moved(value: Value) -> Value:
-        if isinstance(value, ir.Node) and id(value) in given and value.has_role(Role.REFERENCE_LOGP):
+        if (
+            isinstance(value, ir.Node)
+            and id(value) in given
+            and value.has_role(Role.REFERENCE_LOGP)
+        ):
             return replace(value, origin=replace(site, handed_back=True))
         return value
 

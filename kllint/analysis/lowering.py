@@ -909,7 +909,10 @@ def vocabulary_expectation(kind: str, node: ir.Node, origin: ir.Origin) -> ir.No
                 # exact KL does.
                 weight = ir.detach(log_ratio, origin)
                 score = ir.Binary(
-                    "mul", weight, ir.Binary("sub", policy, ir.detach(policy, origin)), origin=origin
+                    "mul",
+                    weight,
+                    ir.Binary("sub", policy, ir.detach(policy, origin)),
+                    origin=origin,
                 )
                 return ir.Binary("add", score, weight, origin=origin)
             if roles_of == ({Role.REFERENCE_LOGP}, {Role.POLICY_LOGP}):

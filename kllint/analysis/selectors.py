@@ -507,9 +507,9 @@ def _optional(annotation: cst.BaseExpression) -> cst.BaseExpression:
 
 
 def _is_literal_type(annotation: cst.BaseExpression | None) -> bool:
-    return isinstance(annotation, cst.Subscript) and (
-        dotted_name(annotation.value) or ""
-    ).endswith("Literal")
+    return isinstance(annotation, cst.Subscript) and (dotted_name(annotation.value) or "").endswith(
+        "Literal"
+    )
 
 
 def annotation_of(fn: cst.FunctionDef, name: str) -> cst.BaseExpression | None:
