@@ -635,9 +635,16 @@ class Interpreter(Calls):
             # maximised is the caller's.
             return
         description = sinks.caller_description(caller, self.function_name)
+        # ``SequenceKLObjective.forward``, backpropagated as ``loss = -objective``:
+        # a value written to be maximised is minimised as its negation.
+        maximised = sinks.names_an_objective(self.function_name) or (
+            self.cls is not None and sinks.names_an_objective(self.cls.name)
+        )
         for item, shown in sinks.returned_losses(
             self.function_name, node.value, value, description=description, elements=caller.elements
         ):
+            if maximised:
+                item, shown = self.lift1(item, ir.neg), f"{shown}, negated (an objective)"
             self.add_sink(item, shown, True, node)
 
     def record_advantages(self, call: cst.Call) -> list[tuple[str, Value]]:
