@@ -129,9 +129,17 @@ def is_loss_function(
     return (
         name in ("forward", "__call__")
         and class_name is not None
-        and is_loss_name(class_name)
+        and _names_a_loss_class(class_name)
         and class_name not in called
     )
+
+
+def _names_a_loss_class(name: str) -> bool:
+    """``KLLoss``, ``PolicyLoss``; NeMo-RL's ``ClippedPGLossFn`` too."""
+    ws = roles.words(name)
+    while ws and ws[-1] in ("fn", "func", "function"):
+        ws = ws[:-1]
+    return bool(ws) and ws[-1] in ("loss", "losses")
 
 
 def is_advantage_function(name: str) -> bool:
