@@ -1553,7 +1553,15 @@ def called_names(source: str) -> Counter[str]:
     before it: a LibCST visitor over the whole module costs more than the
     parse, and a regular expression tried at every character a fifth of it."""
     found: Counter[str] = Counter()
+    commented = False  # the line the bracket is on has a ``#`` before it
     for piece in source.split("(")[:-1]:
+        line_start = piece.rfind("\n")
+        if line_start >= 0:
+            commented = "#" in piece[line_start:]
+        elif "#" in piece:
+            commented = True
+        if commented:
+            continue  # ``# NeMo-RL's ClippedPGLossFn (a loss)``: a comment calls nothing
         end = len(piece.rstrip())
         start = end
         while start and _in_word(piece[start - 1]):
