@@ -367,6 +367,11 @@ class Expressions(Frame):
             written = self.env.get(self_attribute(attr))
             if written is not None:
                 return written
+        elif isinstance(base, Unknown) and len(base.names) == 1 and not base.call:
+            # ``experience.returns = ...`` earlier in this function.
+            written = self.env.get(f"{base.names[0]}.{attr}")
+            if written is not None:
+                return written
         if (
             isinstance(base, Unknown)
             and base.names == ("self",)

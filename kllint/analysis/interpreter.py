@@ -817,6 +817,16 @@ class Interpreter(Calls):
         elif (
             isinstance(target, cst.Attribute)
             and isinstance(target.value, cst.Name)
+            and isinstance(self.env.get(target.value.value), Unknown)
+            and sinks.may_hold_kl(value)
+        ):
+            # ``experience.returns = get_cumulative_returns(reward, ...)`` on a
+            # record kllint does not hold: read back by this function
+            # (``experience.advantages = experience.returns.clone()``).
+            self.env[f"{target.value.value}.{target.attr.value}"] = value
+        elif (
+            isinstance(target, cst.Attribute)
+            and isinstance(target.value, cst.Name)
             and isinstance(self.env.get(target.value.value), Instance)
         ):
             # ``self.kind = kind`` in the ``__init__`` of an object being built.
