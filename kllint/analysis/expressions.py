@@ -294,7 +294,14 @@ class Expressions(Frame):
         if name in self.module.classes:
             return Unknown(name, (name,), module=None, class_name=name)
         if name in self.module.imports:
-            constant = self.context.project.imported_constant(name, self.module)
+            # ``DEFAULT_KL_REDUCTION`` from the package's constants module: named
+            # as a constant, so that the many imported modules and functions a
+            # trainer names are not loaded for it.
+            constant = (
+                self.context.project.imported_constant(name, self.module)
+                if name.isupper()
+                else None
+            )
             if constant is not None:
                 return self.eval(constant)
             return Unknown(name, (name,), module=self.module.imports[name].dotted)
