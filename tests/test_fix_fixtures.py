@@ -36,7 +36,7 @@ def sweep(tmp_path_factory: pytest.TempPathFactory) -> Sweep:
     root = tmp_path_factory.mktemp("fixtures") / "fixtures"
     shutil.copytree(FIXTURES, root)
     settings = load_settings([root])
-    before = lint_paths([root], settings, jobs=1)
+    before = lint_paths([root], settings, jobs=2)
     fixes = fix_result(before, settings, unsafe=True)
     write(fixes)
     after = lint_paths([root], settings, jobs=1)

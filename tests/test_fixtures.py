@@ -17,10 +17,7 @@ import re
 from pathlib import Path
 
 import pytest
-
-from kllint.analysis.project import Project
-from kllint.analysis.roles import RolePatterns
-from kllint.driver import check_source
+from corpus import findings_of
 
 FIXTURES = Path(__file__).parent / "fixtures"
 FILES = sorted(p for p in FIXTURES.rglob("*.py"))
@@ -47,7 +44,7 @@ def expectations(source: str) -> dict[str, dict[int, set[str]]]:
 def test_fixture(path: Path) -> None:
     source = path.read_text()
     expected = expectations(source)
-    findings = check_source(source, str(path), Project([path.parent]), RolePatterns())
+    findings = findings_of(path)
     reported: dict[int, set[str]] = {}
     for finding in findings:
         reported.setdefault(finding.line, set()).add(finding.code)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from corpus import findings_of
+
 from kllint.analysis.project import Project
 from kllint.analysis.roles import RolePatterns
 from kllint.driver import check_source
@@ -14,8 +16,7 @@ FIXTURES = Path(__file__).parent / "fixtures"
 
 
 def findings(relative: str) -> list[Finding]:
-    path = FIXTURES / relative
-    return check_source(path.read_text(), str(path), Project([path.parent]), RolePatterns())
+    return findings_of(FIXTURES / relative)
 
 
 def test_headline_names_the_estimate_and_what_is_wrong() -> None:

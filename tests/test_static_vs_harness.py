@@ -16,10 +16,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-
-from kllint.analysis.project import Project
-from kllint.analysis.roles import RolePatterns
-from kllint.driver import check_source
+from corpus import findings_of
 
 ROOT = Path(__file__).parent.parent
 FILES = sorted((ROOT / "tests" / "fixtures").rglob("*.py")) + sorted(
@@ -34,7 +31,7 @@ def test_every_finding_is_confirmed_as_the_rule_claims() -> None:
     outcomes: Counter[str] = Counter()
     disagreements = []
     for path in FILES:
-        findings = check_source(path.read_text(), str(path), Project([path.parent]), RolePatterns())
+        findings = findings_of(path)
         confirm_findings(findings)
         for finding in findings:
             record = finding.confirmation
