@@ -24,7 +24,7 @@ from kllint.analysis.lowering import (
 )
 from kllint.analysis.module import ClassInfo, ModuleInfo, decorator_names
 from kllint.analysis.project import Project
-from kllint.analysis.syntax import chain_names, code, full_code
+from kllint.analysis.syntax import assigned_names, chain_names, code, full_code
 from kllint.analysis.values import (
     Choice,
     DictVal,
@@ -713,16 +713,7 @@ class Calls(Expressions):
 
     def _assigned_to_a_loss(self) -> bool:
         """The statement being run names its value a loss (``kl_loss = ...``)."""
-        line = self.statement
-        smalls = line.body if isinstance(line, cst.SimpleStatementLine) else [line]
-        return any(
-            isinstance(small, cst.Assign)
-            and any(
-                isinstance(t.target, cst.Name) and sinks.is_loss_name(t.target.value)
-                for t in small.targets
-            )
-            for small in smalls
-        )
+        return any(sinks.is_loss_name(name) for name in assigned_names(self.statement))
 
     def advantage_estimator(self, name: str, call: cst.Call) -> ir.Node | None:
         """An advantage/return estimator kllint cannot read (``compute_gae`` passed

@@ -28,8 +28,8 @@ from kllint.analysis.values import (
     choice,
     dict_key,
     negate_condition,
-    self_attribute,
     shown_key,
+    written_attribute,
 )
 
 BINOPS = {"Add": "add", "Subtract": "sub", "Multiply": "mul", "Divide": "div", "Power": "pow"}
@@ -368,15 +368,11 @@ class Expressions(Frame):
             # A record's field (``ref.logprobs``): a log-prob goes by the name
             # the caller reads it with, not the one the helper computed it as.
             return _renamed_log_prob(base.items[attr], code(expr))
-        if isinstance(base, Unknown) and base.names == ("self",):
-            # ``self.kl = ...`` earlier in this function (a rollout method
-            # keeping what it computed on the worker): read back as written.
-            written = self.env.get(self_attribute(attr))
-            if written is not None:
-                return written
-        elif isinstance(base, Unknown) and len(base.names) == 1 and not base.call:
-            # ``experience.returns = ...`` earlier in this function.
-            written = self.env.get(f"{base.names[0]}.{attr}")
+        if isinstance(base, Unknown) and len(base.names) == 1 and not base.call:
+            # ``self.kl = ...`` (a rollout method keeping what it computed on
+            # the worker) or ``experience.returns = ...`` earlier in this
+            # function: read back as written.
+            written = self.env.get(written_attribute(base.names[0], attr))
             if written is not None:
                 return written
         if (

@@ -71,8 +71,8 @@ from kllint.analysis.values import (
     merge_envs,
     negate_condition,
     note_default,
-    self_attribute,
     tensors_of,
+    written_attribute,
 )
 
 __all__ = [
@@ -813,7 +813,7 @@ class Interpreter(Calls):
         ):
             # ``self.kl = ...`` on an object kllint does not hold: read back
             # by this function (``rewards = -self.kl_coef * self.kl``).
-            self.env[self_attribute(target.attr.value)] = value
+            self.env[written_attribute("self", target.attr.value)] = value
         elif (
             isinstance(target, cst.Attribute)
             and isinstance(target.value, cst.Name)
@@ -823,7 +823,7 @@ class Interpreter(Calls):
             # ``experience.returns = get_cumulative_returns(reward, ...)`` on a
             # record kllint does not hold: read back by this function
             # (``experience.advantages = experience.returns.clone()``).
-            self.env[f"{target.value.value}.{target.attr.value}"] = value
+            self.env[written_attribute(target.value.value, target.attr.value)] = value
         elif (
             isinstance(target, cst.Attribute)
             and isinstance(target.value, cst.Name)

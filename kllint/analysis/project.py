@@ -310,24 +310,27 @@ class Project:
         head = dotted.split(".")[-1]
         if head in module.classes:
             return module.classes[head], module
-        imported = module.imports.get(head)
-        if imported is not None and imported.name is not None:
-            target = self.resolve_module(imported.module, module.path, imported.level)
-            if target is not None and imported.name in target.classes:
-                return target.classes[imported.name], target
+        found = self._imported_from(head, module)
+        if found is not None and found[1] in found[0].classes:
+            return found[0].classes[found[1]], found[0]
         return None
 
     def imported_constant(self, name: str, module: ModuleInfo) -> cst.BaseExpression | None:
         """A literal constant of the project a module imports by name
         (``from .constants import DEFAULT_KL_REDUCTION``): its value's node."""
+        found = self._imported_from(name, module)
+        constant = found[0].constants.get(found[1]) if found is not None else None
+        if isinstance(constant, (cst.SimpleString, cst.ConcatenatedString, cst.Integer)):
+            return constant
+        return None
+
+    def _imported_from(self, name: str, module: ModuleInfo) -> tuple[ModuleInfo, str] | None:
+        """The project module ``from x import name`` reads, and the name there."""
         imported = module.imports.get(name)
         if imported is None or imported.name is None:
             return None
         target = self.resolve_module(imported.module, module.path, imported.level)
-        constant = target.constants.get(imported.name) if target is not None else None
-        if isinstance(constant, (cst.SimpleString, cst.ConcatenatedString, cst.Integer)):
-            return constant
-        return None
+        return (target, imported.name) if target is not None else None
 
     def method(self, cls: ClassInfo, module: ModuleInfo, name: str) -> FuncRef | None:
         """``self.name`` in ``cls``: in the class, else in its base classes

@@ -417,7 +417,7 @@ def _ratio_weighted(term: ir.Node, focus: ir.Node) -> ir.Binary | None:
     return None
 
 
-def _score_function(term: ir.Node, focus: ir.Node) -> ir.Node | None:
+def _score_function(path: list[ir.Node]) -> ir.Node | None:
     """Where a KL term is written as a score function: the innermost product
     of the detached weight and the policy's log-probs, when the code names
     it a KL (``kl_term = (kl_to_go * logps * mask).sum()``). The weight alone
@@ -425,10 +425,10 @@ def _score_function(term: ir.Node, focus: ir.Node) -> ir.Node | None:
     ``log_ratio = (logp - ref).detach()`` only its input. A product named
     otherwise is the policy-gradient loss weighting a KL reward, which is
     written where the reward is computed."""
+    focus = path[-1]
     weight = focus.origin
     if weight is None:
         return None
-    path = _path(term, focus)
     detached = not ir.depends_on_policy(focus)
     for index in range(len(path) - 2, -1, -1):
         node = path[index]
@@ -453,24 +453,12 @@ def _score_function(term: ir.Node, focus: ir.Node) -> ir.Node | None:
             and node.origin.helper_node is weight.helper_node
             and ir.depends_on_policy(node)
         ):
-            return node if _assigned_a_kl_name(node.origin.statement) else None
+            # Here, not at the top: see ``_written_apart``.
+            from kllint.analysis.syntax import assigned_names
+
+            named = assigned_names(node.origin.statement)
+            return node if any(has_words(name, KL_WORDS) for name in named) else None
     return None
-
-
-def _assigned_a_kl_name(statement: object) -> bool:
-    targets: list[cst.BaseExpression] = []
-    smalls = statement.body if isinstance(statement, cst.SimpleStatementLine) else [statement]
-    for small in smalls:
-        if isinstance(small, (cst.AnnAssign, cst.AugAssign)):
-            targets.append(small.target)
-        elif isinstance(small, cst.Assign):
-            targets.extend(t.target for t in small.targets)
-    for target in targets:
-        name = target.attr.value if isinstance(target, cst.Attribute) else None
-        name = target.value if isinstance(target, cst.Name) else name
-        if name is not None and has_words(name, KL_WORDS):
-            return True
-    return False
 
 
 def _path(node: ir.Node, target: ir.Node, without: set[int] | None = None) -> list[ir.Node]:
@@ -581,13 +569,12 @@ def build_site(
     # advantages stays where it is computed.
     weighted = _ratio_weighted(term, focus) if ir.depends_on_policy(focus) else None
     written = focus
+    path = _path(term, focus)
     if weighted is not None and _written_apart(term, weighted):
         written = weighted
     elif ir.depends_on_policy(term):
-        written = _score_function(term, focus) or focus
-    handed_back = next(
-        (n for n in _path(term, focus) if n.origin is not None and n.origin.handed_back), None
-    )
+        written = _score_function(path) or focus
+    handed_back = next((n for n in path if n.origin is not None and n.origin.handed_back), None)
     if handed_back is not None:
         written = handed_back
     origin = written.origin or term.origin or fallback

@@ -54,6 +54,23 @@ def string_key(expr: cst.Subscript) -> str | None:
     return None
 
 
+def assigned_names(statement: object) -> list[str]:
+    """The names and attributes a statement line assigns (``kl_loss = ...``,
+    ``self.kl_term: Tensor = ...``, ``total += ...``)."""
+    smalls = statement.body if isinstance(statement, cst.SimpleStatementLine) else [statement]
+    targets: list[cst.BaseExpression] = []
+    for small in smalls:
+        if isinstance(small, (cst.AnnAssign, cst.AugAssign)):
+            targets.append(small.target)
+        elif isinstance(small, cst.Assign):
+            targets.extend(t.target for t in small.targets)
+    return [
+        t.value if isinstance(t, cst.Name) else t.attr.value
+        for t in targets
+        if isinstance(t, (cst.Name, cst.Attribute))
+    ]
+
+
 def chain_names(expr: cst.BaseExpression) -> list[str]:
     """``self.ref_model(batch["input_ids"])``: ``["self", "ref_model"]``."""
     if isinstance(expr, cst.Name):

@@ -58,10 +58,11 @@ class DictVal:
     positional: tuple[str, ...] = ()
 
 
-def self_attribute(attr: str) -> str:
+def written_attribute(owner: str, attr: str) -> str:
     """The name under which a function's environment keeps what it wrote
-    to ``self.<attr>`` (never a Python identifier, so never a local's)."""
-    return f"self.{attr}"
+    to ``<owner>.<attr>`` (``self.kl``, ``experience.returns``; never a
+    Python identifier, so never a local's)."""
+    return f"{owner}.{attr}"
 
 
 def dict_key(value: object) -> str | None:
