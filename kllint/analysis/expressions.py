@@ -429,6 +429,7 @@ class Expressions(Frame):
                 module=f"{base.module}.{attr}" if base.module else None,
                 distribution=False,
                 class_name=None,
+                same_as=self.context.attribute_of(base, attr),
             )
             default = self.setting_default(base, attr)
             if default is not None and isinstance(default.value, bool):

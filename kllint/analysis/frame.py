@@ -60,6 +60,11 @@ class FileContext:
     # container's value: what a helper writes into its argument, its caller
     # reads back.
     written: dict[int, tuple[object, dict[str, Value]]] = field(default_factory=dict)
+    # One object for each attribute of a container kllint does not hold
+    # (``data.batch``), however often and under whichever name it is read:
+    # what a helper writes into ``data.batch["token_level_rewards"]``, its
+    # caller reads back from ``batch.batch["token_level_rewards"]``.
+    attributes: dict[tuple[int, str], tuple[object, object]] = field(default_factory=dict)
     # Settings named like coefficients whose every default is negative, by name.
     negative_coefficients: dict[str, bool] = field(default_factory=dict)
 
@@ -74,6 +79,14 @@ class FileContext:
         held = _held(container)
         entry = self.written.get(id(held))
         return entry[1].get(key) if entry is not None and entry[0] is held else None
+
+    def attribute_of(self, container: Value, attr: str) -> object:
+        """What ``container.attr`` is another name for (see ``attributes``)."""
+        held = _held(container)
+        found = self.attributes.get((id(held), attr))
+        if found is None or found[0] is not held:
+            found = self.attributes[(id(held), attr)] = (held, object())
+        return found[1]
 
     def entries(self, container: Value) -> dict[str, Value]:
         """Everything written by key into a container kllint does not hold."""

@@ -865,6 +865,18 @@ class Interpreter(Calls):
                 container.items[key] = value
                 if sinks.is_loss_name(key):
                     self.add_sink(value, f"the loss entry `{key}`", False, node)
+        elif (
+            isinstance(target, cst.Subscript)
+            and isinstance(target.value, cst.Attribute)
+            and sinks.may_hold_kl(value)
+        ):
+            # ``data.batch["token_level_rewards"] = scores - beta * kld`` in
+            # verl's ``apply_kl_penalty``: the caller reads it back from its
+            # own name for the batch.
+            key = string_key(target)
+            container = self.eval(target.value)
+            if key is not None and isinstance(container, Unknown):
+                self.context.write(container, key, value)
 
     def assign_name(self, name: str, value: Value, node: cst.CSTNode) -> None:
         """``name = value``: the name is evidence of what the value is."""
