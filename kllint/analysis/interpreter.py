@@ -1098,7 +1098,7 @@ class Interpreter(Calls):
             and result is not None
             and len(self.context.sinks) == sinks_before
             and (
-                (alone and _defect_of_its_own(result, sinks.names_an_objective(ref.name)))
+                (alone and _defect_of_its_own(result, _maximised(ref)))
                 or (
                     # ``apply_kl_penalty(batch, kl_penalty="low_var_kl")`` picks
                     # the estimator at the call: reported there.
@@ -1471,6 +1471,15 @@ def _policy_log_probs_in(value: Value) -> bool:
         a.role in (Role.POLICY_LOGP, Role.OLD_LOGP) and not roles.names_logits(a.name)
         for a in value.atoms()
     )
+
+
+def _maximised(ref: FuncRef) -> bool:
+    """A helper named like an objective (``sequence_objective``), or the
+    ``__call__`` of an objective class (``ClippedPGObjective``): its caller
+    minimises the negation of what it returns."""
+    if ref.name in ("forward", "__call__") and ref.cls is not None:
+        return sinks.names_an_objective(ref.cls.name)
+    return sinks.names_an_objective(ref.name)
 
 
 def _called_as(ref: FuncRef, call: cst.Call) -> str:
