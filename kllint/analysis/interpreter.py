@@ -1086,6 +1086,11 @@ class Interpreter(Calls):
         result = self.run_helper(ref, key, site, bound, in_place)
         if not in_place and self.call_site is None:
             result = _handed_back_at_the_call(result, bound, site)
+        if site.reported_by_helper and self.call_site is None and _right_as_returned(result):
+            # A loss helper of another file that is right on its own (a
+            # sequence k2): what the caller makes of it (``pg_loss - beta *
+            # self.sequence_kl_loss(...)``) is the caller's to answer for.
+            site.reported_by_helper = False
         once = (
             self.call_site is None
             and ref.module is self.context.module
@@ -1250,6 +1255,21 @@ def _defect_of_its_own(value: Value, maximised: bool = False) -> bool:
         ):
             return True
     return False
+
+
+def _right_as_returned(value: Value | None) -> bool:
+    """Whether what a helper returns holds KL terms, each with the gradient
+    of the sequence KL as it is minimised."""
+    if value is None:
+        return False
+    terms = [
+        term
+        for node in tensors_of(value)
+        if not ir.is_detached(node)
+        for term in sites.kl_terms(node)
+    ]
+    profiles = [sites.profile_of(term) for term in terms]
+    return bool(profiles) and all(p is not None and p.sequence_correct for p in profiles)
 
 
 def _handed_back_at_the_call(
