@@ -219,6 +219,10 @@ class Interpreter(Calls):
                     self.assign(item.asname.name, Unknown(code(item.item), ("context",)), item)
             done = self.exec_block(statement.body.body)
             self.no_grad = saved
+            if any(roles.gives_the_reference(item.item) for item in statement.items):
+                for name in _assigned_names(statement.body):
+                    if name in self.env:
+                        self.env[name] = roles.as_reference(name, self.env[name])
             return done
         if isinstance(statement, cst.Try):
             done = self.exec_block(statement.body.body)

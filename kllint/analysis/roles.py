@@ -18,6 +18,8 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
 
+import libcst as cst
+
 from kllint.analysis import ir
 from kllint.analysis.ir import Level, Role
 from kllint.analysis.module import ClassInfo, FunctionKey, ModuleInfo, Sketch
@@ -573,6 +575,37 @@ def name_logprob(name: str, value: Value, patterns: RolePatterns, *, no_grad: bo
 def _sums_over_time(node: ir.Node) -> bool:
     bare = node.arg if isinstance(node, ir.Unary) and node.op == "detach" else node
     return isinstance(bare, ir.Reduce) and bare.kind == "sum" and bare.axis is ir.Axis.TIME
+
+
+# Context managers under which the policy's own model is the reference: a
+# LoRA policy with its adapter switched off is the base model (PEFT's
+# ``disable_adapter``, TRL's ``null_ref_context``).
+REFERENCE_CONTEXTS = frozenset({"disable_adapter", "disable_adapters", "null_ref_context"})
+
+
+def gives_the_reference(context: object) -> bool:
+    """``with model.disable_adapter():``: what the block computes with the
+    model is the reference's."""
+    return (
+        isinstance(context, cst.Call)
+        and isinstance(context.func, (cst.Attribute, cst.Name))
+        and (context.func.attr if isinstance(context.func, cst.Attribute) else context.func).value
+        in REFERENCE_CONTEXTS
+    )
+
+
+def as_reference(name: str, value: Value) -> Value:
+    """A log-prob computed under ``disable_adapter()`` (``lq = take(policy(ids))``):
+    the reference's, under the name it is assigned to."""
+    if isinstance(value, Choice):
+        return Choice([(label, as_reference(name, option)) for label, option in value.options])
+    if not isinstance(value, ir.Node):
+        return value
+    logprobs = [a for a in value.atoms() if a.role in (Role.POLICY_LOGP, Role.REFERENCE_LOGP)]
+    if len({id(a) for a in logprobs}) != 1 or logprobs[0].role is not Role.POLICY_LOGP:
+        return value
+    atom = logprobs[0]
+    return ir.substitute(value, {id(atom): replace(atom, role=Role.REFERENCE_LOGP, name=name)})
 
 
 def reference_renamed(name: str, value: Value, patterns: RolePatterns) -> ir.Node | None:
