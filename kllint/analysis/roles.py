@@ -365,6 +365,10 @@ def resolve(
     computed without gradient."""
     if unknown.numpy:
         return ir.Opaque(unknown.text)
+    if keep_unknown and _normaliser_of_logits(unknown):
+        # ``logsumexp = torch.logsumexp(logits, dim=-1)``: log Z, whatever the
+        # variable is called; ``picked - logsumexp`` is the log-prob.
+        return unknown
     name = target or unknown.text
     role, name, prob = _logprob_evidence(unknown, patterns, target, name)
     if role is None:
@@ -392,6 +396,14 @@ def resolve(
     if unknown.stored or unknown.detached or no_grad:
         atom = ir.detach(atom)
     return atom
+
+
+def _normaliser_of_logits(unknown: Unknown) -> bool:
+    return (
+        unknown.logprob_op
+        and unknown.names[:1] == ("logsumexp",)
+        and any(has_words(n, LOGIT_WORDS) for n in unknown.names[1:])
+    )
 
 
 SAMPLE_WORDS = frozenset({"sample", "samples"})
