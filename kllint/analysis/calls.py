@@ -987,9 +987,19 @@ def _rejoined(pieces: Value) -> Value | None:
         if isinstance(first, Unknown):
             if piece != first:
                 return None
-        elif not isinstance(piece, ir.Node) or ir.structure(piece) != ir.structure(first):
+        elif _shape_of_piece(piece) != _shape_of_piece(first):
             return None
     return first
+
+
+def _shape_of_piece(piece: Value) -> object:
+    """What two chunks computed alike share: their IR's structure, on each
+    path of a choice (a dtype branch in the helper that made them)."""
+    if isinstance(piece, ir.Node):
+        return ir.structure(piece)
+    if isinstance(piece, Choice):
+        return tuple((label, _shape_of_piece(option)) for label, option in piece.options)
+    return object()  # never equal: a piece kllint cannot compare
 
 
 def _factor_of(grad: ir.Node, grad_output: ir.Atom) -> ir.Node | None:
