@@ -502,6 +502,8 @@ def makes_log_probs(function: str) -> bool:
 
 _LOGITS_TO_LOG_PROBS = frozenset({"softmax", "logsumexp", "gather"})
 KL_WORDS = frozenset({"kl", "kld", "kls", "divergence"})
+# What a KL regulariser's own term is called (``kl_term``, ``pen``).
+KL_TERM_WORDS = KL_WORDS | {"penalty", "pen"}
 _LOG_RATIO_WORDS = frozenset({"kl", "kld", "kls", "divergence", "exp", "expm1", "ratio", "ratios"})
 
 

@@ -26,7 +26,7 @@ from kllint.analysis.gradient import (
 from kllint.analysis.ir import Role
 from kllint.analysis.roles import (
     CURRENT_WORDS,
-    KL_WORDS,
+    KL_TERM_WORDS,
     PREFERENCE_WORDS,
     TOKEN_WORDS,
     has_words,
@@ -457,7 +457,7 @@ def _score_function(path: list[ir.Node]) -> ir.Node | None:
             from kllint.analysis.syntax import assigned_names
 
             named = assigned_names(node.origin.statement)
-            return node if any(has_words(name, KL_WORDS) for name in named) else None
+            return node if any(has_words(name, KL_TERM_WORDS) for name in named) else None
     return None
 
 
