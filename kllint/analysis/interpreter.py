@@ -888,7 +888,8 @@ class Interpreter(Calls):
         # ``logp_chunks = []``: a list to be filled, not yet a log-prob.
         to_fill = isinstance(value, Seq) and not value.items
         if (
-            not isinstance(value, Unknown)
+            # ``get_lp = functools.partial(token_logps, ...)`` names a function.
+            not isinstance(value, (Unknown, FuncRef, Instance))
             and not to_fill
             and (
                 patterns.logprob_role(name) is not None
