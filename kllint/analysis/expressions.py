@@ -27,6 +27,7 @@ from kllint.analysis.values import (
     Value,
     choice,
     dict_key,
+    has_distribution,
     negate_condition,
     shown_key,
     written_attribute,
@@ -595,6 +596,13 @@ class Expressions(Frame):
 
     def eval_subscript(self, expr: cst.Subscript) -> Value:
         base = self.eval(expr.value)
+        if _picks_tokens(expr):
+            # ``logp[torch.arange(T), ids[0, P:]]``: each position's sampled
+            # token, as ``gather`` picks it.
+            if isinstance(base, Unknown) and base.distribution:
+                return replace(base, text=code(expr), distribution=False)
+            if has_distribution(base):
+                return self.lift1(base, lowering.to_token_level)
         key_value: Value | None = None
         index = expr.slice[0].slice if len(expr.slice) == 1 else None
         if isinstance(index, cst.Index):
@@ -782,6 +790,17 @@ def _tensor_like(value: Value) -> bool:
         return True
     last = value.names[-1] if value.names else ""
     return roles.weight_role(last) is Role.MASK or roles.is_logprob_name(last)
+
+
+def _picks_tokens(expr: cst.Subscript) -> bool:
+    """An index tensor in the last place of several (``logp[rows, ids]``), not
+    a slice, a number or a new axis."""
+    if len(expr.slice) < 2 or not isinstance(expr.slice[-1].slice, cst.Index):
+        return False
+    last = expr.slice[-1].slice.value
+    if isinstance(last, (cst.Integer, cst.Ellipsis, cst.UnaryOperation)):
+        return False
+    return not (isinstance(last, cst.Name) and last.value == "None")
 
 
 def _cut_along_time(expr: cst.Subscript, base: Unknown) -> bool:

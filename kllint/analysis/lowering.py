@@ -29,6 +29,7 @@ from kllint.analysis.values import (
     Unknown,
     Value,
     binary,
+    choice,
     has_distribution,
     lift1,
     lift2,
