@@ -13,7 +13,7 @@ from kllint.analysis import ir, lowering, roles, selectors
 from kllint.analysis.frame import Frame
 from kllint.analysis.ir import Role
 from kllint.analysis.module import ClassInfo, ModuleInfo, decorator_names, dotted_name, unparsed
-from kllint.analysis.syntax import children, code, descendants, full_code
+from kllint.analysis.syntax import children, code, descendants, full_code, named_params
 from kllint.analysis.values import (
     Choice,
     DictVal,
@@ -577,9 +577,22 @@ class Expressions(Frame):
     ) -> list[Value]:
         """Expressions of ``__init__`` as it sees them: its parameters are
         unknown, but their annotations (``config: PPOActorConfig``) and the
-        package's settings still give defaults."""
+        package's settings still give defaults; so does a selector's own
+        default (``kl_estimator: str = "k1"``) where no construction in the
+        package passes that parameter."""
+        env: dict[str, Value] = {}
+        for param in named_params(init):
+            if (
+                param.default is not None
+                and selectors.is_selector_literal(param.default)
+                and self.cls is not None
+                and not self.context.project.builds_passing(
+                    self.context.fs_path, self.cls.name, param.name.value
+                )
+            ):
+                env[param.name.value] = self.eval(param.default)
         saved = self.env, self.function_node
-        self.env, self.function_node = {}, init
+        self.env, self.function_node = env, init
         try:
             return [self.eval(expression) for expression in expressions]
         finally:
