@@ -984,7 +984,8 @@ _NAMES_IN: dict[int, tuple[cst.BaseExpression, frozenset[str]]] = {}
 def _reads_only_settings_of_self(expr: cst.BaseExpression) -> bool:
     """``self.config["kl_loss_type"]``, ``KLType(cfg.kl_type)``: of the
     object being built, an expression reads at most its settings (an
-    attribute named like ``config``), which ``__init__`` set before."""
+    attribute named like ``config``, or like a selector), which ``__init__``
+    set before."""
     if "self" not in _names_in(expr):
         return True
     stack: list[cst.CSTNode] = [expr]
@@ -992,7 +993,12 @@ def _reads_only_settings_of_self(expr: cst.BaseExpression) -> bool:
         node = stack.pop()
         if isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name):
             if node.value.value == "self":
-                if not set(roles.words(node.attr.value)) & selectors.CONFIG_WORDS:
+                # ``KL_ESTIMATORS[self.kl_estimator]``: a selector ``__init__``
+                # set from the settings a line before is one of them.
+                if not (
+                    set(roles.words(node.attr.value)) & selectors.CONFIG_WORDS
+                    or selectors.names_a_selector(node.attr.value)
+                ):
                     return False
                 continue
         elif isinstance(node, cst.Name) and node.value == "self":
