@@ -631,6 +631,16 @@ def _where(at: TorchCall, args: Args, kwargs: Kwargs) -> Value | None:
             return chosen
         if _flows(other) and not _flows(chosen):
             return other
+        if _is_zero(other) and isinstance(chosen, (ir.Node, Choice)):
+            # ``torch.where(m.bool(), lp.detach() - lq, torch.zeros_like(lq))``:
+            # a detached weight zeroed where a mask kllint cannot name is off.
+            return chosen
+        if _flows(chosen) and isinstance(at.node, cst.Call) and at.node.args:
+            # ``torch.where(advantages < 0, dual_clipped, clipped)``: each
+            # element is one side or the other, each side a loss of its own;
+            # both are judged, as two hidden paths.
+            test = HIDDEN + code(at.node.args[0].value)
+            return choice([(test, chosen), (negate_condition(test), other)])
         return ir.Opaque("torch.where")
     origin = at.origin
 
@@ -642,6 +652,10 @@ def _where(at: TorchCall, args: Args, kwargs: Kwargs) -> Value | None:
         return ir.binary("add", kept, rest, origin)
 
     return at.lift2(chosen, other, masked)
+
+
+def _is_zero(value: Value) -> bool:
+    return isinstance(value, ir.Const) and value.value == 0
 
 
 def _flows(value: Value) -> bool:
