@@ -289,7 +289,7 @@ class Calls(Expressions):
                 return scaled
         if isinstance(receiver, Unknown) and receiver.module is not None:
             return self.call_module_function(receiver.module, method, call, args, kwargs)
-        if lowering.triangular_ones(receiver) is not None and method in TENSOR_IDENTITY:
+        if lowering.is_marker(receiver) and method in TENSOR_IDENTITY:
             return receiver  # ``weights.to(log_ratio.dtype)``: the same matrix
         if isinstance(receiver, (ir.Node, Choice, Flipped, Grouped)) and not isinstance(
             receiver, ir.Opaque
@@ -981,7 +981,7 @@ def _rejoined(pieces: Value) -> Value | None:
     if not isinstance(pieces, Seq) or not pieces.items:
         return None
     first = pieces.items[0]
-    if not isinstance(first, (Unknown, ir.Node)):
+    if not isinstance(first, (Unknown, ir.Node, Choice)):
         return None
     for piece in pieces.items[1:]:
         if isinstance(first, Unknown):

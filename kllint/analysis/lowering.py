@@ -20,6 +20,7 @@ from kllint.analysis.ir import Axis, Role
 from kllint.analysis.module import dotted_name
 from kllint.analysis.syntax import code
 from kllint.analysis.values import (
+    HIDDEN,
     Choice,
     Flipped,
     Grouped,
@@ -33,6 +34,7 @@ from kllint.analysis.values import (
     has_distribution,
     lift1,
     lift2,
+    negate_condition,
     same_value,
 )
 
@@ -451,6 +453,14 @@ def triangular_ones(node: Value) -> bool | None:
     return None
 
 
+def is_marker(node: Value) -> bool:
+    """An opaque tensor kllint follows by what it is, which a dtype or device
+    move keeps: a triangular matrix of ones, a one-hot token picker."""
+    return triangular_ones(node) is not None or (
+        isinstance(node, ir.Opaque) and node.reason == ONE_HOT
+    )
+
+
 def _triangle(name: str) -> FunctionLowering:
     def lower(at: TorchCall, args: Args, kwargs: Kwargs) -> Value | None:
         offset = args[1] if len(args) > 1 else kwargs.get("diagonal")
@@ -785,10 +795,16 @@ def _einsum(at: TorchCall, args: Args, kwargs: Kwargs) -> Value | None:
         or not subscripts[0].startswith(output)
     ):
         return None
+    dropped = len(subscripts[0]) - len(output)
+    picks = [o for o in operands if isinstance(o, ir.Opaque) and o.reason == ONE_HOT]
+    if picks and dropped == 1 and len(subscripts[0]) == 3 and len(operands) == 2:
+        # ``einsum("btv,btv->bt", logp, F.one_hot(ids, V))``: the sampled
+        # token's log-prob, as ``gather`` picks it.
+        (picked,) = [o for o in operands if o is not picks[0]] or [picks[0]]
+        return gathered(at, picked)
     product: Value = operands[0]
     for operand in operands[1:]:
         product = at.binary("mul", product, operand)
-    dropped = len(subscripts[0]) - len(output)
     if dropped == 0:
         return product
     if not output:
@@ -802,8 +818,11 @@ def _einsum(at: TorchCall, args: Args, kwargs: Kwargs) -> Value | None:
     return None
 
 
+ONE_HOT = "one_hot"  # ``F.one_hot(ids, V)``: a token picker over the vocabulary
+
 TORCH_FUNCTIONS: dict[str, FunctionLowering] = {
     "einsum": _einsum,
+    "one_hot": lambda at, args, kwargs: ir.Opaque(ONE_HOT),
     "max": _extremum("max"),
     "min": _extremum("min"),
     "maximum": _extremum("maximum"),
