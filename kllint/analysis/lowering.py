@@ -641,9 +641,12 @@ def _where(at: TorchCall, args: Args, kwargs: Kwargs) -> Value | None:
             return chosen
         if _flows(other) and not _flows(chosen):
             return other
-        if _is_zero(other) and isinstance(chosen, (ir.Node, Choice)):
-            # ``torch.where(m.bool(), lp.detach() - lq, torch.zeros_like(lq))``:
-            # a detached weight zeroed where a mask kllint cannot name is off.
+        if _is_zero(other) and _compares_two_policies(chosen):
+            # ``torch.where(m.bool(), lp.detach() - lq, torch.zeros_like(lq))``,
+            # ``torch.where(loss_mask.bool(), kld * loss_mask, 0.0)``: a KL
+            # estimate zeroed where a mask kllint cannot name is off. (One
+            # policy's probability so guarded, ``p_teacher`` over a top-k
+            # support, stays opaque: which tokens it covers is not known.)
             return chosen
         if _flows(chosen) and isinstance(at.node, cst.Call) and at.node.args:
             # ``torch.where(advantages < 0, dual_clipped, clipped)``: each
@@ -662,6 +665,16 @@ def _where(at: TorchCall, args: Args, kwargs: Kwargs) -> Value | None:
         return ir.binary("add", kept, rest, origin)
 
     return at.lift2(chosen, other, masked)
+
+
+def _compares_two_policies(value: Value) -> bool:
+    """The policy's log-probs against another policy's: a KL estimate."""
+    if isinstance(value, Choice):
+        return all(_compares_two_policies(option) for _, option in value.options)
+    if not isinstance(value, ir.Node):
+        return False
+    roles = {a.role for a in value.atoms()}
+    return Role.POLICY_LOGP in roles and bool(roles & {Role.REFERENCE_LOGP, Role.OLD_LOGP})
 
 
 def _is_zero(value: Value) -> bool:
