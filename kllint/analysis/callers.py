@@ -406,6 +406,7 @@ _GENERIC = frozenset(
         "permute",
         "transpose",
         "gather",
+        "take_along_dim",
         "mul",
         "add",
         "sub",

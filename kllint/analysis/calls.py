@@ -535,8 +535,12 @@ class Calls(Expressions):
                 return self.method_op(method, node, args, kwargs, call)
             if method in DETACHING:
                 return replace(receiver, text=code(call), detached=True)
-            if method == "gather":
-                index = args[1].value if len(args) > 1 else kwargs.get("index")
+            if method in ("gather", "take_along_dim"):
+                index = (
+                    (args[1].value if len(args) > 1 else kwargs.get("index"))
+                    if method == "gather"
+                    else (args[0].value if args else kwargs.get("indices"))
+                )
                 if index is not None and lowering.top_k_support(self.eval(index)):
                     return receiver
                 return replace(receiver, distribution=False)

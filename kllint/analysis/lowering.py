@@ -66,6 +66,7 @@ TENSOR_IDENTITY = frozenset(
         "long",
         "int",
         "gather",
+        "take_along_dim",
         "index_select",
         "narrow",
         "select",
@@ -432,6 +433,11 @@ def _gather(at: TorchCall, receiver: Value, args: Args, kwargs: Kwargs) -> Value
     return gathered(at, receiver, args[1] if len(args) > 1 else kwargs.get("index"))
 
 
+def _take_along_dim(at: TorchCall, receiver: Value, args: Args, kwargs: Kwargs) -> Value:
+    """``torch.take_along_dim(logp, ids.unsqueeze(-1), dim=-1)``: a gather."""
+    return gathered(at, receiver, args[0] if args else kwargs.get("indices"))
+
+
 def top_k_support(index: Value | None) -> bool:
     """Indices from ``torch.topk`` (``topk_ids``, ``top_k_indices``)."""
     if not isinstance(index, Unknown):
@@ -493,7 +499,7 @@ def _matmul(at: TorchCall, receiver: Value, args: Args, kwargs: Kwargs) -> Value
 def _method_registry() -> dict[str, MethodLowering]:
     """Earlier entries win: ``gather`` keeps the token it selects although it
     also keeps the tensor's role, ``item`` detaches."""
-    registry: dict[str, MethodLowering] = {"gather": _gather}
+    registry: dict[str, MethodLowering] = {"gather": _gather, "take_along_dim": _take_along_dim}
     for name in ("view", "reshape", "flatten", "unflatten"):
         registry[name] = _view
     for name in TENSOR_IDENTITY:
