@@ -673,6 +673,62 @@ def _where(at: TorchCall, args: Args, kwargs: Kwargs) -> Value | None:
     return at.lift2(chosen, other, masked)
 
 
+def _bmm(at: TorchCall, args: Args, kwargs: Kwargs) -> Value | None:
+    """``torch.bmm(x.unsqueeze(1), mask.unsqueeze(2))``: each row's ``[1, T] @
+    [T, 1]`` product, the masked sum over time of ``x``; ``torch.bmm(x, tril)``
+    a cumulative sum, as ``x @ tril``."""
+    call = at.node
+    if len(args) != 2 or not isinstance(call, cst.Call) or len(call.args) != 2:
+        return None
+    summed = matmul(at, args[0], args[1])
+    if summed is not None:
+        return summed
+    axes = [_unsqueezed_axis(a.value) for a in call.args]
+    if axes[0] != 1 or axes[1] not in (2, -1):
+        return None
+    product = at.binary("mul", args[0], args[1])
+    return at.lift1(product, lambda n: ir.Reduce("sum", Axis.TIME, n, origin=at.origin))
+
+
+def _unsqueezed_axis(expr: cst.BaseExpression) -> int | None:
+    """The axis ``x.unsqueeze(axis)`` adds."""
+    if not (
+        isinstance(expr, cst.Call)
+        and isinstance(expr.func, cst.Attribute)
+        and expr.func.attr.value == "unsqueeze"
+        and len(expr.args) == 1
+    ):
+        return None
+    axis = expr.args[0].value
+    if isinstance(axis, cst.Integer):
+        return int(axis.value)
+    if (
+        isinstance(axis, cst.UnaryOperation)
+        and isinstance(axis.operator, cst.Minus)
+        and isinstance(axis.expression, cst.Integer)
+    ):
+        return -int(axis.expression.value)
+    return None
+
+
+def _xlogy(at: TorchCall, args: Args, kwargs: Kwargs) -> Value | None:
+    """``torch.xlogy(p, q)``: ``p * log(q)`` (0 where ``p`` is 0)."""
+    if len(args) != 2:
+        return None
+    origin = at.origin
+
+    def log_of(y: ir.Node) -> ir.Node:
+        # ``xlogy(p, q)`` with ``q = ref_logprobs.exp()``: the log-prob itself.
+        inner, detached = y, False
+        while isinstance(inner, ir.Unary) and inner.op == "detach":
+            inner, detached = inner.arg, True
+        if isinstance(inner, ir.Unary) and inner.op == "exp":
+            return ir.detach(inner.arg, origin) if detached else inner.arg
+        return ir.Unary("log", y, origin=origin)
+
+    return at.lift2(args[0], args[1], lambda x, y: ir.binary("mul", x, log_of(y), origin))
+
+
 def _compares_two_policies(value: Value) -> bool:
     """The policy's log-probs against another policy's: a KL estimate."""
     if isinstance(value, Choice):
@@ -841,6 +897,8 @@ ONE_HOT = "one_hot"  # ``F.one_hot(ids, V)``: a token picker over the vocabulary
 
 TORCH_FUNCTIONS: dict[str, FunctionLowering] = {
     "einsum": _einsum,
+    "bmm": _bmm,
+    "xlogy": _xlogy,
     "one_hot": lambda at, args, kwargs: ir.Opaque(ONE_HOT),
     "max": _extremum("max"),
     "min": _extremum("min"),
