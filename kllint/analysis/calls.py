@@ -37,6 +37,7 @@ from kllint.analysis.values import (
     Unknown,
     Value,
     choice,
+    has_distribution,
 )
 
 # Methods of ``str`` that a selector goes through before it is compared.
@@ -649,6 +650,10 @@ class Calls(Expressions):
                     if a.keyword is None or a.keyword.value not in lowering.CHECKPOINT_OPTIONS
                 ]
                 return self.inline(function, call, arguments=inputs)
+        if name in lowering.NEGATED_LOG_PROBS and args:
+            negated = self.negated_log_prob(call, name, args, kwargs)
+            if negated is not None:
+                return negated
         if name in lowering.OPAQUE_FUNCTIONS:
             return ir.Opaque(f"torch.{name}")
         arg_values = [self.eval(a.value) for a in args]
@@ -659,6 +664,34 @@ class Calls(Expressions):
                 call, name, args, argument=first if isinstance(first, Unknown) else None
             )
         return lowering.torch_function(self.torch_call(call), name, arg_values, kw_values)
+
+    def negated_log_prob(
+        self,
+        call: cst.Call,
+        name: str,
+        args: list[cst.Arg],
+        kwargs: dict[str, cst.BaseExpression],
+    ) -> Value | None:
+        """``F.cross_entropy(logits, ids, reduction="none")`` (or ``nll_loss`` of
+        log-probs): minus the sampled token's log-prob, whose policy the
+        logits say."""
+        reduction = self.eval(kwargs["reduction"]) if "reduction" in kwargs else None
+        if not (isinstance(reduction, Py) and reduction.value == "none"):
+            return None
+        first = self.eval(args[0].value)
+        origin = self.origin(call)
+        if has_distribution(first):
+            # ``-F.nll_loss(log_softmax(logits), ids)``: log-probs already formed.
+            return self.lift1(first, lambda n: ir.neg(lowering.to_token_level(n), origin))
+        log_prob = self.logprob_call(
+            call, name, args, argument=first if isinstance(first, Unknown) else None
+        )
+        if not isinstance(log_prob, Unknown):
+            return None
+        node = self.resolve(replace(log_prob, distribution=False))
+        if not isinstance(node, ir.Node) or isinstance(node, ir.Opaque):
+            return None
+        return ir.neg(node, origin)
 
     def named_call(
         self,

@@ -200,6 +200,8 @@ NON_AUTOGRAD_MODULES = frozenset({"numpy", "np", "math", "jax", "scipy"})
 CHECKPOINT_OPTIONS = frozenset(
     {"use_reentrant", "preserve_rng_state", "context_fn", "determinism_check", "debug"}
 )
+# Losses that are minus the sampled token's log-prob when not reduced.
+NEGATED_LOG_PROBS = frozenset({"cross_entropy", "nll_loss"})
 # Torch functions whose result is no KL estimate kllint models.
 OPAQUE_FUNCTIONS = frozenset(
     {
