@@ -819,7 +819,14 @@ class Calls(Expressions):
             # ``F.log_softmax(logits)`` in a helper given ``ref_model(ids).logits``:
             # the log-probs of the reference's logits are the reference's.
             reference_model=self._reference_args(call)
-            or (source is not None and source.reference_model),
+            or (
+                source is not None
+                and (
+                    source.reference_model
+                    # ``token_probs(ref_logits, ids)``: the logits the caller named.
+                    or self.context.role_patterns.is_reference_model(source.names)
+                )
+            ),
             logprob_op=True,
             distribution=name in ("log_softmax", "softmax"),
             per_token=any(s is not None and s.per_token for s in (source, argument)),

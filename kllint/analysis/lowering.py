@@ -959,6 +959,26 @@ def _strip(node: ir.Node) -> ir.Node:
     return node
 
 
+def _common_weight_factored(node: ir.Node) -> ir.Node:
+    """``p * log_p - p * log_q`` (``xlogy(p, p) - xlogy(p, q)``) as
+    ``p * (log_p - log_q)``."""
+    if not (
+        isinstance(node, ir.Binary)
+        and node.op == "sub"
+        and isinstance(node.left, ir.Binary)
+        and isinstance(node.right, ir.Binary)
+        and node.left.op == node.right.op == "mul"
+    ):
+        return node
+    left, right = node.left, node.right
+    for weight, first in ((left.left, left.right), (left.right, left.left)):
+        for other, second in ((right.left, right.right), (right.right, right.left)):
+            if ir.structure(weight) == ir.structure(other):
+                difference = ir.Binary("sub", first, second, origin=node.origin)
+                return ir.Binary("mul", weight, difference, origin=node.origin)
+    return node
+
+
 def vocabulary_expectation(kind: str, node: ir.Node, origin: ir.Origin) -> ir.Node:
     """``sum_v p_v (log p_v - log q_v)`` at each position: an exact divergence
     between next-token distributions. It has no per-sample form in the IR, so
@@ -989,6 +1009,7 @@ def vocabulary_expectation(kind: str, node: ir.Node, origin: ir.Origin) -> ir.No
     mixed = _mixed_directions(kind, node, origin)
     if mixed is not None:
         return mixed
+    node = _common_weight_factored(node)
     if kind == "sum" and isinstance(node, ir.Binary) and node.op == "mul":
         for weight, difference in ((node.left, node.right), (node.right, node.left)):
             weight = _strip(weight)
