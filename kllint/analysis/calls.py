@@ -296,6 +296,9 @@ class Calls(Expressions):
             receiver, ir.Opaque
         ):
             return self.method_op(method, receiver, args, kwargs, call)
+        if lowering.is_new_constant_tensor(receiver) and method in lowering.SEGMENT_SUMS:
+            # ``torch.zeros(n).index_add_(0, seg_ids, x)``: per-slot sums of ``x``.
+            return self.method_op(method, receiver, args, kwargs, call)
         if isinstance(receiver, Unknown):
             if receiver.names == ("self",) and self.self_class is not None:
                 found = self.context.project.method(*self.self_class, method)

@@ -139,6 +139,8 @@ IN_PLACE = {
     "index_add_": "index_add",
     "scatter_add_": "scatter_add",
 }
+# ``out.index_add_(0, seg_ids, x)``: ``x`` summed into slots (packed sequences).
+SEGMENT_SUMS = frozenset({"index_add", "index_add_", "scatter_add", "scatter_add_"})
 # Sizes are positive constants: a normaliser, not a gradient path.
 SIZE_METHODS = frozenset({"size", "numel", "dim"})
 # Methods kllint lowers on a value whose role is only known once resolved.
@@ -368,6 +370,9 @@ def _segment_sum(at: TorchCall, receiver: Value, args: Args, kwargs: Kwargs) -> 
         reduced = Axis.TIME
     origin = at.origin
     summed = at.lift1(source, lambda n: ir.Reduce("sum", reduced, n, origin=origin))
+    if isinstance(receiver, ir.Opaque) and receiver.reason == ".zeros()":
+        # ``torch.zeros(n).index_add_(0, seg_ids, x)``: the slots start empty.
+        return summed
     return at.binary("add", receiver, summed)
 
 
@@ -518,8 +523,8 @@ def _method_registry() -> dict[str, MethodLowering]:
         registry.setdefault(name, _reduce(name))
     registry.setdefault("cumsum", _cumsum)
     registry.setdefault("matmul", _matmul)
-    registry.setdefault("index_add", _segment_sum)
-    registry.setdefault("scatter_add", _segment_sum)
+    for name in SEGMENT_SUMS:
+        registry.setdefault(name, _segment_sum)
     # A new tensor of zeros (or ones) shaped like the receiver: a constant.
     registry.setdefault("new_zeros", lambda at, receiver, args, kwargs: ir.Const(0.0))
     registry.setdefault("new_ones", lambda at, receiver, args, kwargs: ir.Const(1.0))
