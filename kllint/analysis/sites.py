@@ -484,15 +484,19 @@ _PROFILES: dict[tuple[object, ...], GradientProfile | None] = {}
 def _behaviour_by_contrast(term: ir.Node) -> ir.Node:
     """``exp(new_logprobs - logprobs)``: when a term holds a policy log-prob
     named as the current one (new, current) and others named plainly, the
-    plain ones are the rollout's (behaviour policy, no gradient)."""
+    plain ones are the rollout's (behaviour policy, no gradient). Only at the
+    current one's level: a ratio compares like with like, and a sequence's
+    log-prob summed from the current token log-probs (``seq_logprob``, the
+    score of ``sg(seq_kl) * seq_logprob``) is the current policy's."""
     names = _names(term, Role.POLICY_LOGP)
     current = [n for n in names if has_words(n, CURRENT_WORDS)]
     if not current or len(current) == len(names):
         return term
+    levels = {a.level for a in term.atoms() if a.role is Role.POLICY_LOGP and a.name in current}
     mapping: dict[int, ir.Node] = {
         id(a): ir.Atom(Role.OLD_LOGP, a.name, a.level, origin=a.origin)
         for a in term.atoms()
-        if a.role is Role.POLICY_LOGP and a.name not in current
+        if a.role is Role.POLICY_LOGP and a.name not in current and a.level in levels
     }
     return ir.substitute(term, mapping)
 
