@@ -657,6 +657,15 @@ class Calls(Expressions):
             negated = self.negated_log_prob(call, name, args, kwargs)
             if negated is not None:
                 return negated
+        if name in lowering.CATEGORICAL and "logits" in kwargs:
+            logits = kwargs["logits"]
+            first = self.eval(logits)
+            return self.logprob_call(
+                call,
+                "log_softmax",
+                [cst.Arg(value=logits)],
+                argument=first if isinstance(first, Unknown) else None,
+            )
         if name in lowering.OPAQUE_FUNCTIONS:
             return ir.Opaque(f"torch.{name}")
         arg_values = [self.eval(a.value) for a in args]

@@ -92,6 +92,9 @@ class Expressions(Frame):
         left, right = self.eval(expr.left), self.eval(expr.right)
         if isinstance(expr.operator, cst.MatrixMultiply):
             summed = lowering.matmul(self.torch_call(expr), left, right)
+            if summed is None:
+                flattened = _flattened(expr.left) or _flattened(expr.right)
+                summed = lowering.masked_dot(self.torch_call(expr), left, right, flattened)
             if summed is not None:
                 return summed
         if op is None:
@@ -1071,3 +1074,21 @@ _EVALUATORS: dict[type, str] = {
     cst.ListComp: "eval_comprehension",
     cst.GeneratorExp: "eval_comprehension",
 }
+
+
+def _flattened(expr: cst.BaseExpression) -> bool:
+    """``x.reshape(-1)``, ``x.view(-1)``, ``x.flatten()``: one vector of every element."""
+    if not (isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute)):
+        return False
+    method = expr.func.attr.value
+    if method == "flatten":
+        return not expr.args
+    if method not in ("reshape", "view") or len(expr.args) != 1:
+        return False
+    axis = expr.args[0].value
+    return (
+        isinstance(axis, cst.UnaryOperation)
+        and isinstance(axis.operator, cst.Minus)
+        and isinstance(axis.expression, cst.Integer)
+        and axis.expression.value == "1"
+    )

@@ -147,6 +147,9 @@ SIZE_METHODS = frozenset({"size", "numel", "dim"})
 ON_RESOLVED = frozenset({"sum", "mean", "clamp", "exp"})
 # ``scaler.scale(loss)`` (AMP): the scaled loss is the loss.
 LOSS_SCALING = frozenset({"scale"})
+# ``Categorical(logits=logits)``: a policy's next-token distributions, held
+# as their log-probs over the vocabulary (``log_softmax(logits)``).
+CATEGORICAL = frozenset({"Categorical"})
 # ``dist.log_prob(actions)``: a log-prob of the distribution's policy.
 DISTRIBUTION_LOGPROB = "log_prob"
 DETACHING = frozenset({"detach", "item", "tolist", "numpy", "detach_"})
@@ -207,7 +210,6 @@ NEGATED_LOG_PROBS = frozenset({"cross_entropy", "nll_loss"})
 # Torch functions whose result is no KL estimate kllint models.
 OPAQUE_FUNCTIONS = frozenset(
     {
-        "kl_divergence",
         "cross_entropy",
         "nll_loss",
         "logsigmoid",
@@ -495,6 +497,17 @@ def matmul(at: TorchCall, x: Value, matrix: Value) -> Value | None:
     if reverse is None or not isinstance(x, ir.Node) or isinstance(x, ir.Opaque):
         return None
     return ir.CumSum(x, reverse=reverse, origin=at.origin)
+
+
+def masked_dot(at: TorchCall, x: Value, mask: Value, flattened: bool) -> Value | None:
+    """``kl @ mask_vec``: the sum of ``x * mask`` over the axis the product
+    contracts, time for ``[B, T] @ [T]``, everything for two flattened
+    ``[B*T]`` vectors (``kl.reshape(-1) @ mask.reshape(-1)``)."""
+    if not (isinstance(mask, ir.Node) and is_mask(mask)) or not isinstance(x, (ir.Node, Choice)):
+        return None
+    reduced = Axis.ALL if flattened else Axis.TIME
+    product = at.binary("mul", x, mask)
+    return at.lift1(product, lambda n: ir.Reduce("sum", reduced, n, origin=at.origin))
 
 
 def _matmul(at: TorchCall, receiver: Value, args: Args, kwargs: Kwargs) -> Value:
@@ -818,6 +831,26 @@ def _kl_div(at: TorchCall, args: Args, kwargs: Kwargs) -> Value | None:
     )
 
 
+def _kl_divergence(at: TorchCall, args: Args, kwargs: Kwargs) -> Value | None:
+    """``torch.distributions.kl_divergence(p, q)`` between the per-position
+    Categoricals of two policies' logits: ``sum_v p_v (log p_v - log q_v)``
+    at each position, an exact divergence (``vocabulary_expectation``). Any
+    other pair of distributions is no estimator kllint models."""
+    if len(args) != 2:
+        return ir.Opaque("torch.kl_divergence")
+    origin = at.origin
+    pointwise = at.lift2(
+        args[0],
+        args[1],
+        lambda p, q: ir.binary(
+            "mul", ir.Unary("exp", p, origin=origin), ir.binary("sub", p, q, origin), origin
+        ),
+    )
+    if not has_distribution(pointwise):
+        return ir.Opaque("torch.kl_divergence")
+    return at.lift1(pointwise, lambda n: vocabulary_expectation("sum", n, origin))
+
+
 def _stack(at: TorchCall, args: Args, kwargs: Kwargs) -> Value | None:
     if (
         args
@@ -914,6 +947,7 @@ TORCH_FUNCTIONS: dict[str, FunctionLowering] = {
     "where": _where,
     "mse_loss": _mse_loss,
     "kl_div": _kl_div,
+    "kl_divergence": _kl_divergence,
     "stack": _stack,
     "zeros_like": _constant(0.0),
     "ones_like": _constant(1.0),

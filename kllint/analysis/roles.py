@@ -453,7 +453,10 @@ def _logprob_evidence(
         is_logprob_name(target) or is_prob_name(target) or patterns.logprob_role(target)
     ):
         role = patterns.logprob_role(target)
-        prob = is_prob_name(target) and not is_logprob_name(target)
+        # ``pi = Categorical(logits=...)``, ``pi = F.log_softmax(...)``: what
+        # was computed are log-probs, whatever the name says.
+        computed_log_probs = unknown.logprob_op and "probs" not in unknown.names
+        prob = is_prob_name(target) and not is_logprob_name(target) and not computed_log_probs
         if (
             role is Role.POLICY_LOGP
             and patterns.role_from_words(target) is None
