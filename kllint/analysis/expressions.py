@@ -490,6 +490,7 @@ class Expressions(Frame):
         if not all(
             selectors.is_selector_literal(a.value)
             or isinstance(a.value, (cst.Float, cst.Attribute, cst.Name))
+            or _setting_read(a.value)
             for a in call.args
         ):
             return None
@@ -503,8 +504,9 @@ class Expressions(Frame):
         # kllint cannot read: nothing that carries a KL term.
         arguments = self.eval_in_init(init, [a.value for a in call.args])
         if not all(
-            isinstance(v, (Py, ir.Const)) or (isinstance(v, Unknown) and not v.call)
-            for v in arguments
+            isinstance(v, (Py, ir.Const))
+            or (isinstance(v, Unknown) and (not v.call or _setting_read(a.value)))
+            for a, v in zip(call.args, arguments)
         ):
             return None
         return self.instantiate(found[0], found[1], call, arguments)
@@ -1091,4 +1093,20 @@ def _flattened(expr: cst.BaseExpression) -> bool:
         and isinstance(axis.operator, cst.Minus)
         and isinstance(axis.expression, cst.Integer)
         and axis.expression.value == "1"
+    )
+
+
+def _setting_read(expr: cst.BaseExpression) -> bool:
+    """``config.get("kl_clip", 20.0)``, ``cfg["kl_clip"]``: a number or a
+    choice read from the settings, which carries no KL term."""
+    if isinstance(expr, cst.Subscript):
+        return len(expr.slice) == 1 and isinstance(
+            getattr(expr.slice[0].slice, "value", None), cst.SimpleString
+        )
+    return (
+        isinstance(expr, cst.Call)
+        and isinstance(expr.func, cst.Attribute)
+        and expr.func.attr.value == "get"
+        and bool(expr.args)
+        and isinstance(expr.args[0].value, cst.SimpleString)
     )
