@@ -454,13 +454,41 @@ def _place(origins: list[ir.Origin], module: cst.Module | None, source: str) -> 
             continue
         positions, code_range = found
         (origin.line, origin.column), (origin.end_line, origin.end_column) = code_range
-        if isinstance(node, cst.BaseExpression) and node.lpar and origin.statement is not None:
+        if isinstance(node, cst.BaseExpression) and node.lpar:
             # A parenthesised expression starts at its "(" (positions exclude it).
-            statement_range = positions.get(origin.statement)
-            if statement_range is not None and statement_range[0][0] < origin.line:
-                origin.line, origin.column = statement_range[0]
+            opened = _opening_parenthesis(places.lines, origin.line, origin.column, len(node.lpar))
+            if opened is not None:
+                origin.line, origin.column = opened
         if not origin.code and isinstance(node, cst.CSTNode):
             origin.code = " ".join(_EMPTY_MODULE.code_for_node(node).split())
+
+
+def _opening_parenthesis(
+    lines: list[str], line: int, column: int, count: int
+) -> tuple[int, int] | None:
+    """Where the ``count``-th "(" before an expression starting at ``line``,
+    ``column`` (1-based) is, past white space, line breaks and comment lines
+    (``kl = (  # per token`` then the expression on the next line)."""
+    index, end = line - 1, column - 1
+    while count:
+        if not 0 <= index < len(lines):
+            return None
+        text = lines[index][:end].rstrip()
+        if text.endswith("("):
+            count -= 1
+            end = len(text) - 1
+            continue
+        if text.strip() and not text.lstrip().startswith("#"):
+            if "#" not in text:
+                return None
+            code_part = text[: text.index("#")].rstrip()  # "(  # comment"
+            if not code_part.endswith("("):
+                return None
+            end = len(code_part)
+            continue
+        index -= 1
+        end = len(lines[index]) if index >= 0 else 0
+    return index + 1, end + 1
 
 
 class Places:
