@@ -1480,6 +1480,10 @@ def _record_fields(cls: ClassInfo) -> list[str]:
 def _log_probs_in(value: Value) -> bool:
     if isinstance(value, Choice):
         return any(_log_probs_in(v) for _, v in value.options)
+    if isinstance(value, Unknown):
+        # ``kl(self._get_per_token_logps(...), inputs["ref_logps"])``: log-probs
+        # computed in the call or read by their name, not yet given a role.
+        return value.logprob_op or any(roles.is_logprob_name(n) for n in value.names[-1:])
     return isinstance(value, ir.Node) and any(
         a.role in (Role.POLICY_LOGP, Role.REFERENCE_LOGP, Role.OLD_LOGP) for a in value.atoms()
     )
