@@ -571,7 +571,9 @@ class Expressions(Frame):
             # ``self.kl_type = KLType(cfg.kl_type)`` of an ``IntEnum`` field: an
             # int that chooses (a coefficient's number stays open).
             return value
-        if isinstance(assigned[0], cst.Subscript) and _from_settings(value):
+        if (isinstance(assigned[0], cst.Subscript) and _from_settings(value)) or (
+            _number_setting(assigned[0]) and _from_settings(value, read_with_default=True)
+        ):
             return ir.Atom(Role.COEFFICIENT, f"self.{attr}")
         if isinstance(value, FuncRef):
             return value
@@ -839,14 +841,25 @@ def _cut_along_time(expr: cst.Subscript, base: Unknown) -> bool:
 _INIT_ASSIGNMENTS: dict[int, tuple[cst.FunctionDef, dict[str, list[cst.BaseExpression]]]] = {}
 
 
-def _from_settings(value: Value) -> bool:
-    """An entry of a settings mapping ``__init__`` was given (``cfg["beta"]``),
-    not a tensor: read from a name like ``cfg``, ``config``, ``args``."""
+def _from_settings(value: Value, *, read_with_default: bool = False) -> bool:
+    """An entry of a settings mapping ``__init__`` was given (``cfg["beta"]``,
+    with ``read_with_default`` also ``cfg.get("beta", 0.01)``), not a tensor:
+    read from a name like ``cfg``, ``config``, ``args``."""
     return (
         isinstance(value, Unknown)
-        and not value.call
+        and value.call == read_with_default
         and len(value.names) == 2
         and any(w in selectors.CONFIG_WORDS for w in roles.words(value.names[0]))
+    )
+
+
+def _number_setting(expr: cst.BaseExpression) -> bool:
+    """``cfg.get("reference_policy_kl_penalty", 0.01)``: a number read from the settings."""
+    return (
+        _setting_read(expr)
+        and isinstance(expr, cst.Call)
+        and len(expr.args) == 2
+        and isinstance(expr.args[1].value, (cst.Float, cst.Integer))
     )
 
 
