@@ -701,7 +701,8 @@ class Interpreter(Calls):
         REINFORCE++ credit them; only what holds under that credit is claimed."""
         options = _rows(value)
         if not options or any(
-            sink.function_node is self.function_node for sink in self.context.sinks
+            sink.function_node is self.function_node and not sink.read_elsewhere
+            for sink in self.context.sinks
         ):
             return  # a training step that backpropagates itself is judged by its own loss
         if not any(
