@@ -358,9 +358,14 @@ class Interpreter(Calls):
         elif (
             isinstance(value, Unknown)
             and value.names
-            and roles.weight_role(value.names[-1]) is Role.MASK
+            and (
+                roles.weight_role(value.names[-1]) is Role.MASK
+                or roles.is_logprob_name(value.names[-1])
+            )
         ):
-            self.assign(target, value, node)  # each sample's loss mask is a mask
+            # Each sample's loss mask is a mask; each sample's log-probs
+            # (``for rlp in rollout["ref_log_probs"]``) that policy's log-probs.
+            self.assign(target, value, node)
         elif isinstance(value, Seq) and value.items and isinstance(target, (cst.Tuple, cst.List)):
             self.assign(target, value.items[0], node)  # ``for lp, mb in outs``: one row
         elif isinstance(value, Unknown) and pieces is not None:
