@@ -1,0 +1,1 @@
+# Reviewer: package item e06 (see learner.py for the verdict and the annotation).
