@@ -345,7 +345,25 @@ def maximises(module: ModuleInfo, cls: ClassInfo | None) -> bool:
     with ``maximize=True``: what it backpropagates is then climbed, an
     objective rather than a loss."""
     text = _class_text(module, cls) if cls is not None else module.source
-    return "maximize" in text and _MAXIMIZE.search(text) is not None
+    if "maximize" in text and _MAXIMIZE.search(text) is not None:
+        return True
+    # ``self.optimizer = build_optimizer(model, args)``, the builder a function
+    # of the module: every optimizer the file builds outside a class climbs.
+    source = module.source
+    return (
+        cls is not None
+        and "maximize" in source
+        and any(not _in_a_class(source, m.start()) for m in _MAXIMIZE.finditer(source))
+    )
+
+
+def _in_a_class(source: str, position: int) -> bool:
+    """Whether ``position`` lies in a top-level class: the nearest line above it
+    that starts at column 0 with code opens one."""
+    for line in reversed(source[:position].split("\n")):
+        if re.match(r"[^\s#]", line):
+            return line.startswith("class ")
+    return False
 
 
 _MAXIMIZE = re.compile(r"\bmaximize\s*=\s*True\b")
