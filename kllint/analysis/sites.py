@@ -253,6 +253,10 @@ def _split(node: ir.Node) -> list[ir.Node]:
     ):
         # PPO's clipped objective max(-A * ratio, -A * clip(ratio)): on fresh
         # samples (ratio = 1) both sides agree and the gradient is the first's.
+        # Dual clip's min(-A * c, loss) bounds the loss by a constant: the
+        # gradient is the side that has one.
+        if not ir.depends_on_policy(node.left) and ir.depends_on_policy(node.right):
+            return _split(node.right)
         return _split(node.left)
     if isinstance(node, ir.Reduce):
         return [
