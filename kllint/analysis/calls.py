@@ -11,7 +11,7 @@ from dataclasses import replace
 import libcst as cst
 
 from kllint.analysis import ir, lowering, roles, selectors, sinks
-from kllint.analysis.expressions import Expressions
+from kllint.analysis.expressions import SPLITS, Expressions
 from kllint.analysis.ir import Role
 from kllint.analysis.lowering import (
     AGGREGATORS,
@@ -902,6 +902,9 @@ class Calls(Expressions):
             code(call),
             (*receiver.names, method),
             call=True,
+            # ``micro_batches = data.split(n)``: pieces of the same batch, whose
+            # entries (``data.batch["advantages"] = ...``) each piece holds.
+            same_as=(receiver.same_as or receiver) if method in SPLITS else None,
             # ``logits.float()`` in a helper given the teacher's logits: still the teacher's.
             reference_model=receiver.reference_model
             or self._reference_args(call)

@@ -375,7 +375,9 @@ class Interpreter(Calls):
         elif isinstance(value, Unknown):
             # ``for mb in micro_batches``: a row of rows kllint does not hold,
             # the same container in every loop over them.
-            self.assign(target, Unknown(code(iterable), ("loop",), same_as=value), node)
+            self.assign(
+                target, Unknown(code(iterable), ("loop",), same_as=value.same_as or value), node
+            )
         else:
             self.assign(target, Unknown(code(iterable), ("loop",)), node)
 
