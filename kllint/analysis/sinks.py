@@ -189,8 +189,9 @@ def is_returns_key(name: str) -> bool:
 
 
 def makes_rewards(name: str) -> bool:
-    """``compute_rewards``, ``get_reward``: a function that returns rewards."""
-    return bool(set(roles.words(name)) & {"reward", "rewards"})
+    """``compute_rewards``, ``get_reward``: a function that returns rewards;
+    ``make_experience``: one that returns a rollout's rewards and statistics."""
+    return bool(set(roles.words(name)) & {"reward", "rewards", "experience", "experiences"})
 
 
 def stored_rewards(target: cst.BaseExpression) -> str | None:
