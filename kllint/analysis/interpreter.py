@@ -1064,12 +1064,23 @@ class Interpreter(Calls):
         # are placed inside it, where the code is written. A helper called
         # from several places may be right at one and wrong at another: its
         # findings are placed at the calls.
-        alone = (
+        called_once_here = (
             self.call_site is None
             and ref.module is self.context.module
             and self.module is self.context.module
             and self.context.calls[_called_as(ref, call)] == 1
-            and not sinks.steerable(ref.node)
+        )
+        alone = called_once_here and not sinks.steerable(ref.node)
+        # Given only logits, the helper forms the log-probs and the estimate
+        # itself; a setting passed on to it (``cfg.kl_mode``, not a literal the
+        # call names) leaves the choice to the helper's branch.
+        forms_its_own = (
+            called_once_here
+            and not any(_log_probs_in(v) for v in bound.values())
+            and not (
+                sinks.steerable(ref.node)
+                and (_picks_with_a_literal(call) or not any(map(_logits, bound.values())))
+            )
         )
         in_place = (
             self.call_site is None
@@ -1078,20 +1089,15 @@ class Interpreter(Calls):
                 # A subclass's hook called by the inherited method of a base
                 # in another file: the hook is the only place in this file.
                 self.module is not self.context.module
+                # A reward maker run under ``no_grad`` (its decorator or the
+                # caller's block): what it returns is a reward without
+                # gradient, whatever the caller passes; its estimator is its own.
                 or (
                     alone
-                    and (
-                        # A reward maker run under ``no_grad`` (its decorator or
-                        # the caller's block): what it returns is a reward
-                        # without gradient, whatever the caller passes; its
-                        # estimator is its own.
-                        (
-                            (self.no_grad or lowering.decorated_no_grad(ref.node))
-                            and sinks.makes_rewards(ref.name)
-                        )
-                        or not any(_log_probs_in(v) for v in bound.values())
-                    )
+                    and (self.no_grad or lowering.decorated_no_grad(ref.node))
+                    and sinks.makes_rewards(ref.name)
                 )
+                or forms_its_own
             )
         )
         sinks_before = len(self.context.sinks)
@@ -1740,3 +1746,13 @@ def _discount_of(step: ir.Node, carried: ir.Node) -> ir.Node | None:
             rest = _discount_of(inner, carried)
             return factor if rest is None else ir.binary("mul", factor, rest)
     return None
+
+
+def _picks_with_a_literal(call: cst.Call) -> bool:
+    """``kl_penalty(logp, ref, kl_type="k3")``: the call names a choice."""
+    return any(isinstance(a.value, (cst.SimpleString, cst.ConcatenatedString)) for a in call.args)
+
+
+def _logits(value: Value) -> bool:
+    """``student_logits``, ``model(ids).logits``: logits, not yet log-probs."""
+    return isinstance(value, Unknown) and any(roles.names_logits(n) for n in value.names[-1:])
