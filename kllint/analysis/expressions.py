@@ -575,6 +575,10 @@ class Expressions(Frame):
             _number_setting(assigned[0]) and _from_settings(value, read_with_default=True)
         ):
             return ir.Atom(Role.COEFFICIENT, f"self.{attr}")
+        if isinstance(value, Unknown) and value.module is not None:
+            # ``getattr(kl_estimators, f"kl_{cfg.kl.estimator}")``: a function
+            # of a module of the project, named by a setting.
+            value = self.context.project.function_at(value.module, self.module.path) or value
         if isinstance(value, FuncRef):
             return value
         return None
