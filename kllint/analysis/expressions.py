@@ -594,14 +594,20 @@ class Expressions(Frame):
         env: dict[str, Value] = {}
         for param in named_params(init):
             if (
-                param.default is not None
-                and selectors.is_selector_literal(param.default)
-                and self.cls is not None
-                and not self.context.project.builds_passing(
-                    self.context.fs_path, self.cls.name, param.name.value
-                )
+                param.default is None
+                or not selectors.is_selector_literal(param.default)
+                or self.cls is None
             ):
-                env[param.name.value] = self.eval(param.default)
+                continue
+            name = param.name.value
+            if not self.context.project.builds_passing(self.context.fs_path, self.cls.name, name):
+                env[name] = self.eval(param.default)
+                continue
+            # ``GRPOLoss(kl_estimator=args.kl_estimator)``: the package's one
+            # default for the setting of that name, handed down.
+            passed = selectors.package_default(self.context.project, self.context.fs_path, name)
+            if passed is not None:
+                env[name] = passed
         saved = self.env, self.function_node
         self.env, self.function_node = env, init
         try:

@@ -249,6 +249,19 @@ def config_default(
     )
 
 
+def package_default(project: Project, fs_path: Path, key: str) -> Py | None:
+    """The one string default the package gives a setting named ``key``
+    (``kl_estimator: str = "k3"`` in a dataclass, ``--kl_estimator``), for a
+    constructor parameter every caller passes on from the settings."""
+    if not names_a_selector(key):
+        return None
+    defaults = project.config_defaults(fs_path, key)
+    values = {d.value for d in defaults}
+    if len(values) != 1 or not all(isinstance(d.value, str) for d in defaults):
+        return None
+    return Py(defaults[0].value, source=defaults[0].source)
+
+
 def init_default(
     module: ModuleInfo,
     cls: ClassInfo,
