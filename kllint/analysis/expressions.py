@@ -593,15 +593,14 @@ class Expressions(Frame):
         package passes that parameter."""
         env: dict[str, Value] = {}
         for param in named_params(init):
-            if (
-                param.default is None
-                or not selectors.is_selector_literal(param.default)
-                or self.cls is None
+            if self.cls is None or (
+                param.default is not None and not selectors.is_selector_literal(param.default)
             ):
                 continue
             name = param.name.value
             if not self.context.project.builds_passing(self.context.fs_path, self.cls.name, name):
-                env[name] = self.eval(param.default)
+                if param.default is not None:
+                    env[name] = self.eval(param.default)
                 continue
             # ``GRPOLoss(kl_estimator=args.kl_estimator)``: the package's one
             # default for the setting of that name, handed down.
