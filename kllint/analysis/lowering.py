@@ -243,7 +243,9 @@ def axis(dim: Value | None) -> Axis:
         return Axis.ALL
     value: object = dim.value if isinstance(dim, (Py, ir.Const)) else None
     if isinstance(dim, Seq):
-        return Axis.ALL
+        # ``dim=(1,)``, ``dim=(-2, -1)``: time unless the batch axis is among them.
+        axes = {axis(item) for item in dim.items}
+        return axes.pop() if len(axes) == 1 else Axis.ALL
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return Axis.BATCH if int(value) == 0 else Axis.TIME
     return Axis.TIME
