@@ -922,6 +922,17 @@ class Calls(Expressions):
         call: cst.Call,
     ) -> Value:
         """``receiver.name(*args, **kwargs)`` on a tensor, arguments evaluated."""
+        if (
+            name in lowering.REDUCTIONS
+            and not args
+            and not kwargs
+            and isinstance(call.func, cst.Attribute)
+            and isinstance(call.func.value, cst.Name)
+            and call.func.value.value in self.sequence_rows
+        ):
+            # ``[x.sum() for x in log_ratio.split(response_lengths)]``: one
+            # response's tokens, whose one axis is time.
+            kwargs = {"dim": cst.Integer("1")}
         return lowering.tensor_method(
             self.torch_call(call),
             name,

@@ -1063,6 +1063,20 @@ def split_tensor(iterable: cst.BaseExpression) -> cst.BaseExpression | None:
     return receiver
 
 
+def splits_by_length(iterable: cst.BaseExpression) -> bool:
+    """``x.split(response_lengths)``, ``torch.split(x, seqlens, dim=0)``: a packed
+    tensor cut into its responses, not into chunks of rows (``x.split(4)``)."""
+    assert isinstance(iterable, cst.Call)
+    args = iterable.args[1:] if dotted_name(iterable.func) in ("torch.split",) else iterable.args
+    if not args or args[0].keyword is not None:
+        return False
+    sizes = args[0].value
+    name = (dotted_name(sizes) or "").rpartition(".")[2]
+    dims = [a.value for a in args[1:] if a.keyword is None or a.keyword.value == "dim"]
+    along_first = not dims or (isinstance(dims[0], cst.Integer) and dims[0].value == "0")
+    return along_first and any(w in ("lengths", "lens", "seqlens", "len") for w in roles.words(name))
+
+
 def _normaliser_of(right: cst.BaseExpression, left: cst.BaseExpression) -> bool:
     """``torch.logsumexp(z, ...)`` taken of the very expression ``z``."""
     return (

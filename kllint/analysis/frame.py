@@ -138,6 +138,9 @@ class Frame:
         self.no_grad = False
         self.path: list[str] = []
         self.returns: list[tuple[str, Value]] = []
+        # Loop variables bound to one response of a packed tensor
+        # (``for x in log_ratio.split(response_lengths)``): their one axis is time.
+        self.sequence_rows: set[str] = set()
         # ``rollout_data["advantages"] = advantages``: advantages written for
         # a loss elsewhere to read back (with the path they were written on).
         self.stored_advantages: list[tuple[cst.CSTNode, str, Value]] = []

@@ -341,6 +341,10 @@ class Interpreter(Calls):
                 self.bind_loop_target(target.elements[1].value, args[0], node)  # type: ignore[arg-type]
                 return
         pieces = split_tensor(iterable)
+        if pieces is not None and isinstance(target, cst.Name) and splits_by_length(iterable):
+            self.assign(target, self.eval(pieces), node)
+            self.sequence_rows.add(target.value)
+            return
         value = self.eval(pieces if pieces is not None else iterable)
         lists = (
             [v for _, v in value.options if isinstance(v, Seq) and v.items]
@@ -892,6 +896,7 @@ class Interpreter(Calls):
 
     def assign_name(self, name: str, value: Value, node: cst.CSTNode) -> None:
         """``name = value``: the name is evidence of what the value is."""
+        self.sequence_rows.discard(name)
         patterns = self.context.role_patterns
         # ``logp_chunks = []``: a list to be filled, not yet a log-prob.
         to_fill = isinstance(value, Seq) and not value.items

@@ -139,6 +139,8 @@ IN_PLACE = {
     "index_add_": "index_add",
     "scatter_add_": "scatter_add",
 }
+# Reductions a tensor method makes (``x.sum()``, ``x.mean(dim=-1)``).
+REDUCTIONS = frozenset({"sum", "mean", "nansum", "nanmean"})
 # ``out.index_add_(0, seg_ids, x)``: ``x`` summed into slots (packed sequences).
 SEGMENT_SUMS = frozenset({"index_add", "index_add_", "scatter_add", "scatter_add_"})
 # Sizes are positive constants: a normaliser, not a gradient path.
@@ -534,7 +536,7 @@ def _method_registry() -> dict[str, MethodLowering]:
         registry.setdefault(name, _binary(op))
     for name in ("clamp", "clip", "clamp_min", "clamp_max", "clip_"):
         registry.setdefault(name, _clamp(name))
-    for name in ("sum", "mean", "nansum", "nanmean"):
+    for name in REDUCTIONS:
         registry.setdefault(name, _reduce(name))
     registry.setdefault("cumsum", _cumsum)
     registry.setdefault("matmul", _matmul)
