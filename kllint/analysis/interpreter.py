@@ -39,7 +39,7 @@ import libcst as cst
 
 from kllint.analysis import ir, library, lowering, roles, selectors, sinks, sites
 from kllint.analysis.calls import Calls
-from kllint.analysis.expressions import BINOPS, compare, split_tensor
+from kllint.analysis.expressions import BINOPS, compare, split_tensor, splits_by_length
 from kllint.analysis.frame import MAX_DEPTH, FileContext
 from kllint.analysis.gradient import Direction
 from kllint.analysis.ir import Role
@@ -280,13 +280,12 @@ class Interpreter(Calls):
                 )
             if isinstance(step, ir.Node) and ir.contains(step, placeholder):
                 added = ir.substitute(step, {id(placeholder): ir.Const(0.0)})
-                scan = ir.CumSum(
-                    added,
-                    reverse=reverse,
-                    discount=_discount_of(step, placeholder),
-                    origin=step.origin,
-                )
-                scans.setdefault(id(placeholder), scan)
+                discount = _discount_of(step, placeholder)
+                scan = ir.CumSum(added, reverse=reverse, discount=discount, origin=step.origin)
+                # The carried value is the scan at the next step: what a step
+                # stores before it is updated again (``returns[:, t] = ret``,
+                # then ``ret = ret * mask[:, t]``) holds this step's term once.
+                scans.setdefault(id(placeholder), _next_step(scan, added, discount))
                 scans[id(step)] = scan  # what was appended each step is the scan itself
                 return scan
             return None
@@ -1732,6 +1731,15 @@ def _walk_defs(body: cst.BaseSuite) -> Iterator[cst.FunctionDef]:
             yield statement
         elif isinstance(statement, (cst.If, cst.For, cst.While, cst.With, cst.Try)):
             yield from _walk_defs(statement.body)
+
+
+def _next_step(scan: ir.Node, added: ir.Node, discount: ir.Node | None) -> ir.Node:
+    """The scan one step on, from ``scan_t = added_t + discount * scan_next``.
+    A mask in the discount is 1 on the tokens that count: only a number divides."""
+    rest = ir.binary("sub", scan, added, scan.origin)
+    if discount is None or any(a.role is Role.MASK for a in discount.atoms()):
+        return rest
+    return ir.binary("div", rest, discount, scan.origin)
 
 
 def _discount_of(step: ir.Node, carried: ir.Node) -> ir.Node | None:
