@@ -658,6 +658,16 @@ def reference_renamed(name: str, value: Value, patterns: RolePatterns) -> ir.Nod
 LOGIT_WORDS = frozenset({"logits", "logit"})
 
 
+# A reference that generated the data the policy learns from (distillation
+# on a teacher's samples), not a prior the policy's own samples are held to.
+TEACHER_WORDS = frozenset({"teacher", "teachers"})
+
+
+def names_a_teacher(name: str) -> bool:
+    """``teacher_logps``, ``t_teacher_lp``: the reference is a teacher."""
+    return has_words(name, TEACHER_WORDS)
+
+
 def names_logits(name: str) -> bool:
     """``pi_logits``, ``self.model(ids).logits``: a model's logits, from
     which log-probs are yet to be formed."""

@@ -9,12 +9,26 @@ contributes noise and no pull towards the reference.
 from __future__ import annotations
 
 from kllint.analysis.gradient import Credit, Direction
+from kllint.analysis.roles import names_a_teacher
 from kllint.analysis.sites import KLSite, length_normalised
 from kllint.rules.base import Rule, estimate
 
 
 def applies(site: KLSite) -> bool:
-    return site.profile.direction is Direction.ZERO and site.profile.credit in (Credit.NONE,)
+    return (
+        site.profile.direction is Direction.ZERO
+        and site.profile.credit in (Credit.NONE,)
+        and not _teacher_likelihood(site)
+    )
+
+
+def _teacher_likelihood(site: KLSite) -> bool:
+    """``teacher_lp - student_lp`` minimised: the forward KL's k1, written for
+    the teacher's samples (sequence-level distillation on its outputs), where
+    it is the student's negative log-likelihood and its gradient exact. Only
+    on the student's own samples is its expected gradient zero, and then the
+    KL would be written student first."""
+    return site.profile.scale < 0 and any(names_a_teacher(n) for n in site.reference_names)
 
 
 def headline(site: KLSite) -> str:
