@@ -842,6 +842,8 @@ class Calls(Expressions):
             logprob_op=True,
             distribution=name in ("log_softmax", "softmax"),
             per_token=any(s is not None and s.per_token for s in (source, argument)),
+            # Of logits computed under ``no_grad``: without gradient too.
+            detached=any(s is not None and s.detached for s in (source, argument)),
         )
 
     def unknown_call(

@@ -912,6 +912,14 @@ class Interpreter(Calls):
         elif roles.is_one_probability(value):
             # ``ref_tok = token_probs(ref_model, ...)``: the caller's name.
             value = roles.reference_renamed(name, value, patterns) or value
+        if (
+            isinstance(value, Unknown)
+            and self.no_grad
+            and (roles.names_logits(name) or any(roles.names_logits(n) for n in value.names[-1:]))
+        ):
+            # ``with torch.no_grad(): student_logits = model(ids).logits``: the
+            # log-probs formed from them later have no gradient either.
+            value = replace(value, detached=True)
         if isinstance(value, Unknown):
             # The variable's own name is evidence too (``mask``, ``beta``); as
             # a container it is the value it names.
