@@ -60,6 +60,10 @@ class FileContext:
     # container's value: what a helper writes into its argument, its caller
     # reads back.
     written: dict[int, tuple[object, dict[str, Value]]] = field(default_factory=dict)
+    # A KL estimate stored under a key named as one (``data.batch["ref_kl"]``)
+    # by one function of the file, for another that reads it back from its own
+    # batch (a driver's reward step and a worker's loss), by key.
+    kl_entries: dict[str, Value] = field(default_factory=dict)
     # One object for each attribute of a container kllint does not hold
     # (``data.batch``), however often and under whichever name it is read:
     # what a helper writes into ``data.batch["token_level_rewards"]``, its
@@ -74,11 +78,15 @@ class FileContext:
         if entry is None or entry[0] is not held:
             entry = self.written[id(held)] = (held, {})
         entry[1][key] = value
+        if roles.has_words(key, roles.KL_WORDS):
+            self.kl_entries[key] = value
 
     def read(self, container: Value, key: str) -> Value | None:
         held = _held(container)
         entry = self.written.get(id(held))
-        return entry[1].get(key) if entry is not None and entry[0] is held else None
+        if entry is not None and entry[0] is held and key in entry[1]:
+            return entry[1][key]
+        return self.kl_entries.get(key)
 
     def attribute_of(self, container: Value, attr: str) -> object:
         """What ``container.attr`` is another name for (see ``attributes``)."""
