@@ -372,11 +372,18 @@ class Expressions(Frame):
             # A record's field (``ref.logprobs``): a log-prob goes by the name
             # the caller reads it with, not the one the helper computed it as.
             return _renamed_log_prob(base.items[attr], code(expr))
-        if isinstance(base, Unknown) and len(base.names) == 1 and not base.call:
+        owner = (
+            expr.value.value
+            if isinstance(expr, cst.Attribute) and isinstance(expr.value, cst.Name)
+            else base.names[0]
+            if isinstance(base, Unknown) and len(base.names) == 1
+            else None
+        )
+        if isinstance(base, Unknown) and owner is not None and not base.call:
             # ``self.kl = ...`` (a rollout method keeping what it computed on
             # the worker) or ``experience.returns = ...`` earlier in this
-            # function: read back as written.
-            written = self.env.get(written_attribute(base.names[0], attr))
+            # function (also on a row of a loop): read back as written.
+            written = self.env.get(written_attribute(owner, attr))
             if written is not None:
                 return written
         if (
