@@ -1541,10 +1541,14 @@ def _called_as(ref: FuncRef, call: cst.Call) -> str:
     """The name a call uses: an object's ``forward`` is called by the
     attribute holding the object (``self.criterion(...)``)."""
     if ref.name in ("forward", "__call__"):
-        if isinstance(call.func, cst.Attribute):
-            return call.func.attr.value
-        if isinstance(call.func, cst.Name):
-            return call.func.value
+        func = call.func
+        if isinstance(func, cst.Call):
+            # ``KLShapedAdvantage(cfg)(logp, ...)``: built and called at once.
+            func = func.func
+        if isinstance(func, cst.Attribute):
+            return func.attr.value
+        if isinstance(func, cst.Name):
+            return func.value
     return ref.name
 
 
