@@ -452,7 +452,7 @@ def _place(origins: list[ir.Origin], module: cst.Module | None, source: str) -> 
         found = places.find(node, origin.function)
         if found is None:
             continue
-        positions, code_range = found
+        _, code_range = found
         (origin.line, origin.column), (origin.end_line, origin.end_column) = code_range
         if isinstance(node, cst.BaseExpression) and node.lpar:
             # A parenthesised expression starts at its "(" (positions exclude it).

@@ -296,7 +296,11 @@ class Calls(Expressions):
             receiver, ir.Opaque
         ):
             return self.method_op(method, receiver, args, kwargs, call)
-        if lowering.is_new_constant_tensor(receiver) and method in lowering.SEGMENT_SUMS:
+        if (
+            isinstance(receiver, ir.Opaque)
+            and lowering.is_new_constant_tensor(receiver)
+            and method in lowering.SEGMENT_SUMS
+        ):
             # ``torch.zeros(n).index_add_(0, seg_ids, x)``: per-slot sums of ``x``.
             return self.method_op(method, receiver, args, kwargs, call)
         if isinstance(receiver, Unknown):
@@ -659,12 +663,12 @@ class Calls(Expressions):
                 return negated
         if name in lowering.CATEGORICAL and "logits" in kwargs:
             logits = kwargs["logits"]
-            first = self.eval(logits)
+            given = self.eval(logits)
             return self.logprob_call(
                 call,
                 "log_softmax",
                 [cst.Arg(value=logits)],
-                argument=first if isinstance(first, Unknown) else None,
+                argument=given if isinstance(given, Unknown) else None,
             )
         if name in lowering.OPAQUE_FUNCTIONS:
             return ir.Opaque(f"torch.{name}")

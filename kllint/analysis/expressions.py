@@ -1081,7 +1081,9 @@ def splits_by_length(iterable: cst.BaseExpression) -> bool:
     name = (dotted_name(sizes) or "").rpartition(".")[2]
     dims = [a.value for a in args[1:] if a.keyword is None or a.keyword.value == "dim"]
     along_first = not dims or (isinstance(dims[0], cst.Integer) and dims[0].value == "0")
-    return along_first and any(w in ("lengths", "lens", "seqlens", "len") for w in roles.words(name))
+    return along_first and any(
+        w in ("lengths", "lens", "seqlens", "len") for w in roles.words(name)
+    )
 
 
 def _normaliser_of(right: cst.BaseExpression, left: cst.BaseExpression) -> bool:
