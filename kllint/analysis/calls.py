@@ -266,6 +266,14 @@ class Calls(Expressions):
             func.value.value, method, args, kwargs, call
         ):
             return Py(None)
+        if method == "set" and isinstance(receiver, Unknown) and len(args) == 2:
+            # ``data.set("kl", kl)`` (a TensorDict): ``data["kl"] = kl``.
+            key = _string_key(args[:1])
+            if key is not None:
+                stored = self.eval(args[1].value)
+                if sinks.may_hold_kl(stored):
+                    self.context.write(receiver, key, stored)
+                    return receiver
         if isinstance(receiver, Instance) and method == lowering.SAVE_FOR_BACKWARD:
             # ``ctx.save_for_backward(ratio)`` in a custom Function's forward.
             receiver.attrs[lowering.SAVED_TENSORS[0]] = Seq([self.eval(a.value) for a in args])
