@@ -556,9 +556,10 @@ class Interpreter(Calls):
                     and not self.context.calls.get(self.function_name)
                 )
             ):
-                self.advantage_sink(
-                    small, value, f"the advantages returned by `{self.function_name}`"
-                )
+                for item in _advantages_of(small.value, value):
+                    self.advantage_sink(
+                        small, item, f"the advantages returned by `{self.function_name}`"
+                    )
             elif self.depth == 0 and sinks.may_hold_kl(value):
                 self.caller_sink_from_return(small, value)
                 added = _loss_added_to(small.value)
@@ -590,12 +591,7 @@ class Interpreter(Calls):
                 # ``return logprobs, advantages`` from a rollout scorer nothing in
                 # this file calls: the advantages a loss elsewhere reads back
                 # (the returns, when no advantages are returned beside them).
-                named = [
-                    (element.value.value, item)
-                    for element, item in zip(small.value.elements, value.items)
-                    if isinstance(element.value, cst.Name)
-                ]
-                for _, item in _read_back(named):
+                for _, item in _read_back(_named_elements(small.value, value)):
                     self.advantage_sink(
                         small, item, f"the advantages returned by `{self.function_name}`"
                     )
@@ -1346,6 +1342,29 @@ def _signed_for_the_caller(value: Value) -> bool:
         ):
             return False
     return True
+
+
+def _advantages_of(returned: cst.BaseExpression | None, value: Value) -> list[Value]:
+    """What an advantage function returns that a loss reads as advantages:
+    of ``return rewards, advantages, returns``, the element so named (the
+    returns where no advantages are returned); anything else as a whole."""
+    picked = _read_back(_named_elements(returned, value))
+    return [item for _, item in picked] if picked else [value]
+
+
+def _named_elements(returned: cst.BaseExpression | None, value: Value) -> list[tuple[str, Value]]:
+    """``return logprobs, advantages``: each element's value by the name it is returned as."""
+    if not (
+        isinstance(returned, cst.Tuple)
+        and isinstance(value, Seq)
+        and len(value.items) == len(returned.elements)
+    ):
+        return []
+    return [
+        (element.value.value, item)
+        for element, item in zip(returned.elements, value.items)
+        if isinstance(element.value, cst.Name)
+    ]
 
 
 def _read_back(named: list[tuple[str, Value]]) -> list[tuple[str, Value]]:
