@@ -17,6 +17,7 @@ REFERENCE_WORDS = frozenset(
         "teacher",
         "prior",
         "anchor",
+        "ema",
         "frozen",
         "pretrained",
     }
