@@ -831,6 +831,9 @@ class Calls(Expressions):
         if receiver is not None and isinstance(call.func, cst.Attribute):
             # ``logits.logsumexp(dim=-1)``: the tensor is the receiver.
             hints = chain_names(call.func.value) + hints
+        if any(roles.names_a_critic(h) and roles.names_logits(h) for h in hints):
+            # ``F.log_softmax(value_logits)``: a categorical critic's value bins.
+            return Unknown(code(call), (name, "critic"), call=True)
         source = receiver or argument
         first = _unscaled(args[0].value) if args else None
         if source is None and isinstance(first, cst.Name):

@@ -668,6 +668,16 @@ def names_a_teacher(name: str) -> bool:
     return has_words(name, TEACHER_WORDS)
 
 
+# A critic's output: its logits are a distribution over value bins (a
+# categorical value head), not a policy's next-token distribution.
+CRITIC_WORDS = frozenset({"value", "values", "critic", "vf"})
+
+
+def names_a_critic(name: str) -> bool:
+    """``value_logits``, ``critic_logits``: a critic's, not a policy's."""
+    return has_words(name, CRITIC_WORDS)
+
+
 def names_logits(name: str) -> bool:
     """``pi_logits``, ``self.model(ids).logits``: a model's logits, from
     which log-probs are yet to be formed."""
