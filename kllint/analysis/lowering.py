@@ -754,13 +754,14 @@ def _xlogy(at: TorchCall, args: Args, kwargs: Kwargs) -> Value | None:
 
 
 def _compares_two_policies(value: Value) -> bool:
-    """The policy's log-probs against another policy's: a KL estimate."""
+    """One policy's log-probs against another's: a KL estimate (also of the
+    rollout's stored log-probs against the reference's, without gradient)."""
     if isinstance(value, Choice):
         return all(_compares_two_policies(option) for _, option in value.options)
     if not isinstance(value, ir.Node):
         return False
     roles = {a.role for a in value.atoms()}
-    return Role.POLICY_LOGP in roles and bool(roles & {Role.REFERENCE_LOGP, Role.OLD_LOGP})
+    return len(roles & set(_LOGPROB_ROLES)) >= 2
 
 
 def _is_zero(value: Value) -> bool:
