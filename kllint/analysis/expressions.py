@@ -4,6 +4,7 @@ operation means is the torch vocabulary's business, in ``lowering``)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -887,12 +888,18 @@ _SETUP_METHODS = ("__init__", "__post_init__", "_init", "setup", "_setup")
 def _constructor(cls: ClassInfo, attr: str) -> cst.FunctionDef | None:
     """The method that sets ``self.attr`` up: ``__init__``, or a setup hook
     where ``__init__`` does not assign it."""
-    for name in _SETUP_METHODS:
+    # Also a named setup step (``_setup_loss``, ``_init_kl``) that ``__init__``
+    # hands part of the set-up to.
+    steps = sorted(n for n in cls.methods if n not in _SETUP_METHODS and _SETUP_STEP.match(n))
+    for name in (*_SETUP_METHODS, *steps):
         method = cls.methods.get(name)
         if method is not None and isinstance(method.body, cst.IndentedBlock):
             if attr in _init_assignments(method):
                 return method
     return None
+
+
+_SETUP_STEP = re.compile(r"_?(setup|init)_\w+$")
 
 
 def _init_assignments(init: cst.FunctionDef) -> dict[str, list[cst.BaseExpression]]:
