@@ -449,13 +449,17 @@ def _logprob_evidence(
     it goes by, and whether it is a probability rather than a log-prob."""
     role: Role | None = None
     prob = False
+    if _loads_a_model(unknown):
+        # ``pi_ref = AutoModelForCausalLM.from_pretrained(...)``: a model named
+        # like its policy, whose outputs are log-probs or logits, not a tensor.
+        return None, name, False
+    # ``pi = Categorical(logits=...)``, ``log_softmax(pi_ref(ids).logits)``: what
+    # was computed are log-probs, whatever the names say.
+    computed_log_probs = unknown.logprob_op and "probs" not in unknown.names
     if target is not None and (
         is_logprob_name(target) or is_prob_name(target) or patterns.logprob_role(target)
     ):
         role = patterns.logprob_role(target)
-        # ``pi = Categorical(logits=...)``, ``pi = F.log_softmax(...)``: what
-        # was computed are log-probs, whatever the name says.
-        computed_log_probs = unknown.logprob_op and "probs" not in unknown.names
         prob = is_prob_name(target) and not is_logprob_name(target) and not computed_log_probs
         if (
             role is Role.POLICY_LOGP
@@ -470,7 +474,7 @@ def _logprob_evidence(
         if hint_role is not None:
             if hint_role is Role.POLICY_LOGP and unknown.reference_model:
                 hint_role = Role.REFERENCE_LOGP
-            prob = is_prob_name(hint) and not is_logprob_name(hint)
+            prob = is_prob_name(hint) and not is_logprob_name(hint) and not computed_log_probs
             return hint_role, (hint if target is None else target), prob
     if unknown.logprob_op and target is not None:
         role = (
@@ -479,6 +483,13 @@ def _logprob_evidence(
             else patterns.role_from_words(target) or Role.POLICY_LOGP
         )
     return role, name, prob
+
+
+MODEL_LOADERS = frozenset({"from_pretrained", "from_config", "load_model", "build_model"})
+
+
+def _loads_a_model(unknown: Unknown) -> bool:
+    return unknown.call and any(n in MODEL_LOADERS for n in unknown.names)
 
 
 def bare_policy_role(name: str, mentioned: Iterable[str]) -> Role | None:
