@@ -606,6 +606,8 @@ class Expressions(Frame):
             ):
                 continue
             name = param.name.value
+            if param.default is None and not selectors.names_a_selector(name):
+                continue  # only a selector is handed down (and scanning for it costs)
             if not self.context.project.builds_passing(self.context.fs_path, self.cls.name, name):
                 if param.default is not None:
                     env[name] = self.eval(param.default)
@@ -890,8 +892,7 @@ def _constructor(cls: ClassInfo, attr: str) -> cst.FunctionDef | None:
     where ``__init__`` does not assign it."""
     # Also a named setup step (``_setup_loss``, ``_init_kl``) that ``__init__``
     # hands part of the set-up to.
-    steps = sorted(n for n in cls.methods if n not in _SETUP_METHODS and _SETUP_STEP.match(n))
-    for name in (*_SETUP_METHODS, *steps):
+    for name in (*_SETUP_METHODS, *_setup_steps(cls)):
         method = cls.methods.get(name)
         if method is not None and isinstance(method.body, cst.IndentedBlock):
             if attr in _init_assignments(method):
@@ -899,7 +900,16 @@ def _constructor(cls: ClassInfo, attr: str) -> cst.FunctionDef | None:
     return None
 
 
+def _setup_steps(cls: ClassInfo) -> list[str]:
+    cached = _SETUP_STEPS.get(id(cls))
+    if cached is None or cached[0] is not cls:
+        steps = sorted(n for n in cls.methods if n not in _SETUP_METHODS and _SETUP_STEP.match(n))
+        cached = _SETUP_STEPS[id(cls)] = (cls, steps)
+    return cached[1]
+
+
 _SETUP_STEP = re.compile(r"_?(setup|init)_\w+$")
+_SETUP_STEPS: dict[int, tuple[ClassInfo, list[str]]] = {}
 
 
 def _init_assignments(init: cst.FunctionDef) -> dict[str, list[cst.BaseExpression]]:
