@@ -235,6 +235,16 @@ class Expressions(Frame):
         """``[k3(lp, ref) for lp, ref in zip(logps, ref_logps)]`` over micro-
         batches: like a loop body, the element is evaluated once with the
         loop variables bound to what each row is; one item stands for every row."""
+        to_go = _sum_from_each_step(expr)
+        if to_go is not None:
+            # ``[rewards[:, t:].sum(-1) for t in range(T)]``: the reward-to-go at
+            # each step, stacked back over time.
+            summed = self.eval(to_go)
+            origin = self.origin(expr)
+            return Seq(
+                [self.lift1(summed, lambda n: ir.CumSum(n, reverse=True, origin=origin))],
+                appended=True,
+            )
         if not (
             self.iterates_tensors(expr.for_in.iter)
             or self.computes_logprobs(expr.elt)
@@ -1172,3 +1182,40 @@ def _setting_read(expr: cst.BaseExpression) -> bool:
         and bool(expr.args)
         and isinstance(expr.args[0].value, cst.SimpleString)
     )
+
+
+def _sum_from_each_step(expr: cst.ListComp | cst.GeneratorExp) -> cst.BaseExpression | None:
+    """``x[:, t:].sum(-1) for t in range(T)``: the tensor whose sum from each
+    step ``t`` to the end the comprehension takes, else None."""
+    loop = expr.for_in
+    element = expr.elt
+    if (
+        loop.inner_for_in is not None
+        or not isinstance(loop.target, cst.Name)
+        or not (isinstance(loop.iter, cst.Call) and dotted_name(loop.iter.func) == "range")
+        or not isinstance(element, cst.Call)
+        or not isinstance(element.func, cst.Attribute)
+        or element.func.attr.value != "sum"
+        or len(element.args) != 1
+        or not isinstance(element.func.value, cst.Subscript)
+    ):
+        return None
+    step = loop.target.value
+    dim = element.args[0].value
+    last_axis = (isinstance(dim, cst.Integer) and dim.value == "1") or (
+        isinstance(dim, cst.UnaryOperation) and code(dim) == "-1"
+    )
+    sliced = element.func.value
+    slices = [e.slice for e in sliced.slice]
+    if not (last_axis and len(slices) == 2 and all(isinstance(s, cst.Slice) for s in slices)):
+        return None
+    batch, time = slices
+    assert isinstance(batch, cst.Slice) and isinstance(time, cst.Slice)
+    whole_batch = batch.lower is None and batch.upper is None and batch.step is None
+    from_step = (
+        isinstance(time.lower, cst.Name)
+        and time.lower.value == step
+        and time.upper is None
+        and time.step is None
+    )
+    return sliced.value if whole_batch and from_step else None
