@@ -14,7 +14,14 @@ from kllint.analysis import ir, lowering, roles, selectors
 from kllint.analysis.frame import Frame
 from kllint.analysis.ir import Role
 from kllint.analysis.module import ClassInfo, ModuleInfo, decorator_names, dotted_name, unparsed
-from kllint.analysis.syntax import children, code, descendants, full_code, named_params
+from kllint.analysis.syntax import (
+    children,
+    code,
+    descendants,
+    full_code,
+    int_literal,
+    named_params,
+)
 from kllint.analysis.values import (
     Choice,
     DictVal,
@@ -1107,7 +1114,7 @@ def splits_by_length(iterable: cst.BaseExpression) -> bool:
     sizes = args[0].value
     name = (dotted_name(sizes) or "").rpartition(".")[2]
     dims = [a.value for a in args[1:] if a.keyword is None or a.keyword.value == "dim"]
-    along_first = not dims or (isinstance(dims[0], cst.Integer) and dims[0].value == "0")
+    along_first = not dims or int_literal(dims[0]) == 0
     return along_first and any(
         w in ("lengths", "lens", "seqlens", "len") for w in roles.words(name)
     )
@@ -1157,14 +1164,10 @@ def _flattened(expr: cst.BaseExpression) -> bool:
     method = expr.func.attr.value
     if method == "flatten":
         return not expr.args
-    if method not in ("reshape", "view") or len(expr.args) != 1:
-        return False
-    axis = expr.args[0].value
     return (
-        isinstance(axis, cst.UnaryOperation)
-        and isinstance(axis.operator, cst.Minus)
-        and isinstance(axis.expression, cst.Integer)
-        and axis.expression.value == "1"
+        method in ("reshape", "view")
+        and len(expr.args) == 1
+        and int_literal(expr.args[0].value) == -1
     )
 
 
@@ -1201,10 +1204,7 @@ def _sum_from_each_step(expr: cst.ListComp | cst.GeneratorExp) -> cst.BaseExpres
     ):
         return None
     step = loop.target.value
-    dim = element.args[0].value
-    last_axis = (isinstance(dim, cst.Integer) and dim.value == "1") or (
-        isinstance(dim, cst.UnaryOperation) and code(dim) == "-1"
-    )
+    last_axis = int_literal(element.args[0].value) in (1, -1)
     sliced = element.func.value
     slices = [e.slice for e in sliced.slice]
     if not (last_axis and len(slices) == 2 and all(isinstance(s, cst.Slice) for s in slices)):

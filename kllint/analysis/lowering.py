@@ -18,7 +18,7 @@ import libcst as cst
 from kllint.analysis import ir
 from kllint.analysis.ir import Axis, Role
 from kllint.analysis.module import dotted_name
-from kllint.analysis.syntax import code
+from kllint.analysis.syntax import code, int_literal
 from kllint.analysis.values import (
     HIDDEN,
     Choice,
@@ -723,16 +723,7 @@ def _unsqueezed_axis(expr: cst.BaseExpression) -> int | None:
         and len(expr.args) == 1
     ):
         return None
-    axis = expr.args[0].value
-    if isinstance(axis, cst.Integer):
-        return int(axis.value)
-    if (
-        isinstance(axis, cst.UnaryOperation)
-        and isinstance(axis.operator, cst.Minus)
-        and isinstance(axis.expression, cst.Integer)
-    ):
-        return -int(axis.expression.value)
-    return None
+    return int_literal(expr.args[0].value)
 
 
 def _xlogy(at: TorchCall, args: Args, kwargs: Kwargs) -> Value | None:

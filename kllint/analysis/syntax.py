@@ -54,6 +54,19 @@ def string_key(expr: cst.Subscript) -> str | None:
     return None
 
 
+def int_literal(expr: cst.BaseExpression) -> int | None:
+    """``2``, ``-1``: an integer written as a literal, else None."""
+    if isinstance(expr, cst.Integer):
+        return int(expr.value)
+    if (
+        isinstance(expr, cst.UnaryOperation)
+        and isinstance(expr.operator, cst.Minus)
+        and isinstance(expr.expression, cst.Integer)
+    ):
+        return -int(expr.expression.value)
+    return None
+
+
 def assigned_names(statement: object) -> list[str]:
     """The names and attributes a statement line assigns (``kl_loss = ...``,
     ``self.kl_term: Tensor = ...``, ``total += ...``)."""
