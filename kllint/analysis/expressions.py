@@ -467,6 +467,20 @@ class Expressions(Frame):
                 # ``--kl-bonus-coef`` defaulting to -0.02 ("negative = penalty"):
                 # a coefficient's sign is its default's, whatever its size.
                 return ir.neg(ir.Atom(Role.COEFFICIENT, code(expr)))
+            if (
+                default is None
+                and not base.call
+                and base.module is None
+                and selectors.float_setting(
+                    self.context.project,
+                    self.module,
+                    self.function_node,
+                    self.cls,
+                    base.names,
+                    attr,
+                )
+            ):
+                return ir.Atom(Role.COEFFICIENT, code(expr))
             return default if default is not None else unknown
         if isinstance(base, (FuncRef, Py)):
             return Unknown(code(expr), (attr,))

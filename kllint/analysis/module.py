@@ -60,6 +60,8 @@ class ClassField:
     constant: str | None = None
     # Annotated ``Literal[...]``: a choice among values, so an int is a selector.
     choices: bool = False
+    # ``kl_tau: float = 0.05``: a float default, a number never a selector.
+    float_default: bool = False
 
 
 class ClassInfo:
@@ -115,6 +117,11 @@ def _ast_fields(text: str) -> list[ClassField]:
     except (SyntaxError, ValueError, RecursionError, IndexError, AttributeError):
         return []
 
+    def is_float(value: ast.expr | None) -> bool:
+        if isinstance(value, ast.UnaryOp) and isinstance(value.op, ast.USub):
+            value = value.operand
+        return isinstance(value, ast.Constant) and type(value.value) is float
+
     def member(value: ast.expr | None) -> tuple[str, str] | None:
         if (
             isinstance(value, ast.Attribute)
@@ -141,6 +148,7 @@ def _ast_fields(text: str) -> list[ClassField]:
                     member(value),
                     value.id if isinstance(value, ast.Name) and value.id.isupper() else None,
                     ast.unparse(small.annotation).split("[")[0].endswith("Literal"),
+                    is_float(value),
                 )
             )
         elif (

@@ -465,17 +465,7 @@ def typed_default(
     """``config.x`` where ``config: TrainerConfig`` is a parameter (or
     ``self.args.x`` where ``__init__`` takes ``args: TrainerConfig``): the
     default that class gives ``x``, the most specific evidence there is."""
-    annotation: cst.BaseExpression | None = None
-    if len(names) == 1 and function is not None:
-        annotation = annotation_of(function, names[0])
-    elif len(names) == 2 and names[0] == "self" and cls is not None:
-        init = cls.methods.get("__init__")
-        if init is not None:
-            annotation = annotation_of(init, names[1])
-    class_name = dotted_name(_optional(annotation)) if annotation is not None else None
-    if class_name is None:
-        return None
-    found = project.class_named(class_name, module)
+    found = _config_class(project, module, function, cls, names)
     if found is None:
         return None
     config_class, where = found
@@ -492,6 +482,45 @@ def typed_default(
         return None
     line = where.line_of_class(config_class.name)
     return Py(literal, source=f"`{config_class.name}` ({where.path.name}:{line})")
+
+
+def float_setting(
+    project: Project,
+    module: ModuleInfo,
+    function: cst.FunctionDef | None,
+    cls: ClassInfo | None,
+    names: tuple[str, ...],
+    attr: str,
+) -> bool:
+    """``loss_config.kl_tau`` where ``loss_config: LossConfig`` gives
+    ``kl_tau: float = 0.05``: a number the run is configured with, so a
+    constant of the loss (a coefficient), not a path for its gradient."""
+    found = _config_class(project, module, function, cls, names)
+    return found is not None and any(
+        f.name == attr and f.annotated and f.float_default for f in found[0].fields
+    )
+
+
+def _config_class(
+    project: Project,
+    module: ModuleInfo,
+    function: cst.FunctionDef | None,
+    cls: ClassInfo | None,
+    names: tuple[str, ...],
+) -> tuple[ClassInfo, ModuleInfo] | None:
+    """The class a config object is annotated with: ``config: TrainerConfig``
+    as a parameter, or ``args: TrainerConfig`` in ``__init__`` for ``self.args``."""
+    annotation: cst.BaseExpression | None = None
+    if len(names) == 1 and function is not None:
+        annotation = annotation_of(function, names[0])
+    elif len(names) == 2 and names[0] == "self" and cls is not None:
+        init = cls.methods.get("__init__")
+        if init is not None:
+            annotation = annotation_of(init, names[1])
+    class_name = dotted_name(_optional(annotation)) if annotation is not None else None
+    if class_name is None:
+        return None
+    return project.class_named(class_name, module)
 
 
 def _field_default(cls: ClassInfo, attr: str) -> str | int | None:
