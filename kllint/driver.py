@@ -255,6 +255,9 @@ def _sites(
 def _verdicts(sinks: list[Sink], path: str) -> list[_Verdict]:
     best: dict[tuple[str, int], _Verdict] = {}
     cleared: set[int] = set()  # estimates whose loss is right as a whole
+    # Estimates in a term that reaches ``.backward()`` with the sequence KL's
+    # gradient: what the training step runs is right there.
+    right_where_run: set[int] = set()
     for sink in _judged(sinks):
         for branch, loss in _losses(sink, path):
             terms = kl_terms(loss)
@@ -268,6 +271,8 @@ def _verdicts(sinks: list[Sink], path: str) -> list[_Verdict]:
                 if all(ir.depends_on_policy(t) for t in terms):
                     continue
             for site in _sites(sink, branch, loss, terms, path):
+                if sink.backward and site.profile.sequence_correct:
+                    right_where_run.update(_origin_nodes_within(site.term))
                 for rule in RULES.values():
                     if rule.check(site):
                         key = (rule.code, id(site.origin.cst_node))
@@ -283,7 +288,11 @@ def _verdicts(sinks: list[Sink], path: str) -> list[_Verdict]:
         shared = common_condition(verdict.branches)
         if shared != verdict.site.branch:
             verdict.site = replace(verdict.site, branch=shared)
-    verdicts = list(best.values())
+    verdicts = [
+        v
+        for v in best.values()
+        if any(s.backward for s in v.sinks) or id(v.site.origin.cst_node) not in right_where_run
+    ]
     paired = _right_together(verdicts)
     return _one_per_expression([v for v in _kept(verdicts, cleared) if id(v) not in paired])
 
@@ -356,6 +365,12 @@ def _one_pipeline(first: _Verdict, second: _Verdict) -> bool:
         return True
     stored = [any(s.read_elsewhere for s in v.sinks) for v in (first, second)]
     return stored[0] != stored[1]
+
+
+def _origin_nodes_within(term: ir.Node) -> Iterator[int]:
+    for node in term.walk():
+        if node.origin is not None and node.origin.cst_node is not None:
+            yield id(node.origin.cst_node)
 
 
 def _origin_nodes(terms: Iterable[ir.Node]) -> Iterator[int]:
