@@ -526,6 +526,8 @@ class Project:
                     f"argparse, {shown}:{line_number}",
                     "argparse",
                 )
+        if "Namespace(" in text:
+            _scan_namespaces(text, shown, defaults)
         if "class" in text:
             _scan_class_fields(text, shown, defaults)
 
@@ -656,6 +658,33 @@ def _scan_dict_configs(text: str, shown: str, defaults: _PackageDefaults) -> Non
             continue
         line_of = line_of or _line_numbers(text)
         _add_dict_settings(tree, "", shown, line_of(start), defaults)
+
+
+_NAMESPACE = re.compile(r"\b(?:argparse\.|types\.)?(?:Simple)?Namespace\(")
+
+
+def _scan_namespaces(text: str, shown: str, defaults: _PackageDefaults) -> None:
+    """``args = Namespace(kl_reward_type="k1", kl_coef=0.01)``: the defaults a
+    script or a test gives the options it reads as ``args.kl_reward_type``,
+    as argparse's ``default=`` would."""
+    line_of: Callable[[int], int] | None = None
+    for match in _NAMESPACE.finditer(text):
+        end = _closing_bracket(text, match.end(), _DICT_CONFIG_CHARS)
+        if end is None:
+            continue
+        try:
+            call = ast.parse(text[match.start() : end + 1], mode="eval").body
+        except (SyntaxError, ValueError, RecursionError):
+            continue
+        if not isinstance(call, ast.Call):
+            continue
+        line_of = line_of or _line_numbers(text)
+        first_line = line_of(match.start())
+        for keyword in call.keywords:
+            value = keyword.value
+            if keyword.arg is not None and isinstance(value, ast.Constant):
+                source = f"argparse.Namespace, {shown}:{first_line + value.lineno - 1}"
+                defaults.add(keyword.arg, value.value, source, "argparse")
 
 
 def _add_dict_settings(
