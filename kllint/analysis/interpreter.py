@@ -1138,7 +1138,11 @@ class Interpreter(Calls):
                         isinstance(a.value, (cst.SimpleString, cst.ConcatenatedString))
                         for a in call.args
                     )
-                    and (len(self.helper_rewards) > rewards_before or _made_into_rewards(result))
+                    and (
+                        len(self.helper_rewards) > rewards_before
+                        or _made_into_rewards(result)
+                        or (sinks.makes_rewards(ref.name) and _added_to_a_reward(result))
+                    )
                 )
             )
         ):
@@ -1389,6 +1393,32 @@ def _made_into_rewards(value: Value) -> bool:
     the estimate."""
     return any(
         _penalised(node, negative=False) for node in tensors_of(value) if sinks.may_hold_kl(node)
+    )
+
+
+def _added_to_a_reward(value: Value) -> bool:
+    """``last_reward + kl_coef * kl`` returned by ``compute_reward``: the
+    estimate joined to the task's reward there, whatever its sign (a plus
+    is the bug, KL006, still the helper's own)."""
+    return any(
+        isinstance(node, ir.Binary)
+        and node.op in ("add", "sub")
+        and any(
+            estimate.has_role(Role.REFERENCE_LOGP) and _a_reward(reward)
+            for estimate, reward in ((node.left, node.right), (node.right, node.left))
+        )
+        for tensor in tensors_of(value)
+        if sinks.may_hold_kl(tensor)
+        for node in tensor.walk()
+    )
+
+
+def _a_reward(node: ir.Node) -> bool:
+    """A reward beside an estimate: advantages, or a score kllint cannot read
+    (``torch.zeros_like(kl).scatter_(..., src=r)``), not a log-prob."""
+    return not node.has_role(Role.REFERENCE_LOGP) and any(
+        isinstance(n, ir.Opaque) or (isinstance(n, ir.Atom) and n.role is Role.ADVANTAGE)
+        for n in node.walk()
     )
 
 
