@@ -155,6 +155,11 @@ class Expressions(Frame):
         if isinstance(expr.operator, cst.Not):
             truth = self.truth(expr.expression)
             return Py(not truth) if truth is not None else Unknown(code(expr), ("not",))
+        if isinstance(expr.operator, cst.BitInvert):
+            mask = self.resolve(operand) if isinstance(operand, Unknown) else operand
+            if isinstance(mask, ir.Atom) and mask.role is Role.MASK:
+                # ``~padding_mask``: the tokens a padding mask leaves, a mask too.
+                return ir.Atom(Role.MASK, code(expr), mask.level, origin=self.origin(expr))
         return Unknown(code(expr), ("unary",))
 
     def eval_if_expression(self, expr: cst.IfExp) -> Value:
