@@ -1253,6 +1253,9 @@ class Interpreter(Calls):
             return result
 
         def keep(value: Value) -> bool:
+            # What the loop was followed to (a return per setting, too).
+            if isinstance(value, Choice):
+                return any(keep(option) for _, option in value.options)
             return isinstance(value, ir.Node) and value.has_role(Role.REFERENCE_LOGP)
 
         if isinstance(result, Seq):
