@@ -331,9 +331,13 @@ def focus_of(term: ir.Node) -> ir.Node:
             # ``token_rewards = torch.zeros_like(mask)``, then
             # ``token_rewards - beta * kl``: a negation, the estimate is ``kl``.
             node = node.right
-        elif isinstance(node, ir.Binary) and node.op == "add" and _times_zero(node.right):
+        elif (
+            isinstance(node, ir.Binary)
+            and node.op == "add"
+            and (_times_zero(node.right) or _zero(node.right))
+        ):
             # GAE's first step: ``delta + gamma * lam * lastgaelam`` with
-            # ``lastgaelam = 0``.
+            # ``lastgaelam = 0``; an undiscounted return's, ``r_t + running``.
             node = node.left
         elif (
             isinstance(node, (ir.Reduce, ir.CumSum))
