@@ -12,6 +12,8 @@ branches, loops and inlining)."""
 
 from __future__ import annotations
 
+import re
+
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -71,6 +73,14 @@ class FileContext:
     attributes: dict[tuple[int, str], tuple[object, object]] = field(default_factory=dict)
     # Settings named like coefficients whose every default is negative, by name.
     negative_coefficients: dict[str, bool] = field(default_factory=dict)
+
+    def calls_anywhere(self, name: str) -> bool:
+        """Whether the file calls ``name`` through any receiver
+        (``self.experience_maker.make_returns(...)``), not only as ``self.name``
+        or a bare name, as ``calls`` counts them."""
+        if self.calls.get(name):
+            return True
+        return re.search(rf"(?<!def )(?<![\w]){re.escape(name)}\s*\(", self.module.source) is not None
 
     def write(self, container: Value, key: str, value: Value) -> None:
         held = _held(container)

@@ -547,13 +547,19 @@ class Interpreter(Calls):
                 sinks.is_advantage_function(self.function_name)
                 or (
                     # ``return returns`` from a reward shaper nothing in this
-                    # file calls: what a policy-gradient loss elsewhere reads.
-                    isinstance(small.value, cst.Name)
-                    and (
-                        sinks.is_advantage_key(small.value.value)
-                        or sinks.is_returns_key(small.value.value)
+                    # file calls (or what ``compute_returns`` returns): what a
+                    # policy-gradient loss elsewhere reads.
+                    (
+                        sinks.is_returns_function(self.function_name)
+                        or (
+                            isinstance(small.value, cst.Name)
+                            and (
+                                sinks.is_advantage_key(small.value.value)
+                                or sinks.is_returns_key(small.value.value)
+                            )
+                        )
                     )
-                    and not self.context.calls.get(self.function_name)
+                    and not self.context.calls_anywhere(self.function_name)
                 )
             ):
                 for item in _advantages_of(small.value, value):

@@ -146,11 +146,21 @@ def is_advantage_function(name: str) -> bool:
     """``compute_grpo_advantage``, ``compute_advantages``: what it returns
     weights the policy's log-probs in a policy-gradient loss, wherever that
     loss reads it back (from stored batch data, in another module)."""
+    return _computes(name, {"advantage", "advantages"})
+
+
+def is_returns_function(name: str) -> bool:
+    """``compute_returns``: the rewards-to-go a REINFORCE-style loss weights
+    the log-probs by."""
+    return _computes(name, {"returns"})
+
+
+def _computes(name: str, what: set[str]) -> bool:
     ws = roles.words(name)
     return (
         bool(ws)
         and ws[0] in ("compute", "get", "calc", "calculate", "estimate", "make")
-        and bool(set(ws) & {"advantage", "advantages"})
+        and bool(set(ws) & what)
         and not set(ws) & NOT_A_LOSS_WORDS
     )
 
