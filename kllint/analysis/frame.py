@@ -13,7 +13,6 @@ branches, loops and inlining)."""
 from __future__ import annotations
 
 import re
-
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -80,7 +79,9 @@ class FileContext:
         or a bare name, as ``calls`` counts them."""
         if self.calls.get(name):
             return True
-        return re.search(rf"(?<!def )(?<![\w]){re.escape(name)}\s*\(", self.module.source) is not None
+        return (
+            re.search(rf"(?<!def )(?<![\w]){re.escape(name)}\s*\(", self.module.source) is not None
+        )
 
     def write(self, container: Value, key: str, value: Value) -> None:
         held = _held(container)
