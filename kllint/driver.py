@@ -35,6 +35,7 @@ from kllint.analysis.roles import (
     relevant_identifier,
     sketch_may_compute_kl,
 )
+from kllint.analysis.sinks import may_hold_a_finding
 from kllint.analysis.sites import KLSite, build_site, focus_of, kl_terms
 from kllint.analysis.values import (
     Choice,
@@ -127,7 +128,9 @@ def interpret(
         cls, name = key
         if cls is not None and name == "__init__" and not info.constructor_defines_functions(cls):
             return False
-        return bool(configured) or sketch_may_compute_kl(info.sketch, *key)
+        return bool(configured) or (
+            sketch_may_compute_kl(info.sketch, *key) and may_hold_a_finding(info, name, cls)
+        )
 
     for fn, cls in iter_functions(info, keep):
         # A constructor builds an object; what it computes reaches no loss.
@@ -135,10 +138,16 @@ def interpret(
         # an object is built, for the attributes its methods read.)
         if cls is not None and fn.name.value == "__init__":
             continue
-        if may_compute_kl(info, fn.name.value, cls, roles):
+        if may_compute_kl(info, fn.name.value, cls, roles) and (
+            configured or may_hold_a_finding(info, fn.name.value, cls.name if cls else None)
+        ):
             Interpreter(context, info, cls).run_function(fn)
     for ref, cls in inherited_hook_callers(project, info):
-        if ref.cls is not None and may_compute_kl(ref.module, ref.name, ref.cls, roles):
+        if (
+            ref.cls is not None
+            and may_compute_kl(ref.module, ref.name, ref.cls, roles)
+            and (configured or may_hold_a_finding(ref.module, ref.name, ref.cls.name))
+        ):
             late = Interpreter(context, ref.module, ref.cls, self_class=(cls, info))
             late.run_function(ref.node)
     parsed = info.parsed_module

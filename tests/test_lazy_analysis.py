@@ -13,6 +13,7 @@ from libcst.metadata import MetadataWrapper, PositionProvider
 from kllint.analysis.module import ModuleInfo, Sketch
 from kllint.analysis.project import Project
 from kllint.analysis.roles import RolePatterns, sketch_may_compute_kl
+from kllint.analysis.sinks import may_hold_a_finding
 from kllint.driver import check_source
 
 K3_IN_A_METHOD = '''\
@@ -120,6 +121,48 @@ def test_a_function_that_only_calls_one_that_computes_log_probs_is_followed() ->
     assert sketch_may_compute_kl(sketch, "Policy", "step")
     assert sketch_may_compute_kl(sketch, "Policy", "_forward")
     assert not sketch_may_compute_kl(sketch, "Policy", "num_params")
+
+
+def test_a_function_that_can_hold_no_finding_is_not_an_entry() -> None:
+    # Generation code forms log-probs too, but mentions no reference (every
+    # rule judges a term against one) and no loss: ``sample`` is not read.
+    # ``loss`` calls ``_ref_logps``, whose name says whose log-probs they are;
+    # ``distill`` runs the model with its adapter switched off (the
+    # reference); ``step`` has no reference word, but backpropagates what an
+    # objective it was given returns, which may hold one.
+    module = ModuleInfo.of_helper(
+        Path("trainer.py"),
+        "class Trainer:\n"
+        "    def sample(self, logits):\n"
+        "        return torch.multinomial(logits.log_softmax(-1).exp(), 1)\n"
+        "\n"
+        "    def loss(self, batch):\n"
+        "        logp = self.model(batch).logits.log_softmax(-1)\n"
+        "        return (logp - self._ref_logps(batch)).sum()\n"
+        "\n"
+        "    def _ref_logps(self, batch):\n"
+        "        return self.frozen(batch).logits.log_softmax(-1)\n"
+        "\n"
+        "    def distill(self, batch):\n"
+        "        with self.model.disable_adapter():\n"
+        "            lq = self.model(batch).logits.log_softmax(-1)\n"
+        "        return lq\n"
+        "\n"
+        "    def step(self, objective_fn, batch):\n"
+        "        logp = self.model(batch).logits.log_softmax(-1)\n"
+        "        (-objective_fn(logp, batch)).backward()\n"
+        "\n"
+        "    def build(self):\n"
+        "        super().__init__()\n"
+        "        return AutoModel.from_pretrained('gpt2')(self.ids).logits.softmax(-1)\n",
+    )
+    trainer = "Trainer"
+    assert sketch_may_compute_kl(module.sketch, "Trainer", "sample")
+    assert not may_hold_a_finding(module, "sample", trainer)
+    assert may_hold_a_finding(module, "loss", trainer)
+    assert may_hold_a_finding(module, "distill", trainer)
+    assert may_hold_a_finding(module, "step", trainer)
+    assert not may_hold_a_finding(module, "build", trainer)
 
 
 def test_a_helper_read_definition_by_definition_keeps_imports_and_constants() -> None:

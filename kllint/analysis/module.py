@@ -768,6 +768,7 @@ class Sketch:
         self.classes: dict[str, list[str]] = {}  # class -> its bases, as written
         self.functions = _function_names(source, self.classes)
         self.relevance: dict[FunctionKey, bool] = {}  # the interpreter's judgement, kept
+        self.findings: dict[FunctionKey, bool] = {}  # whether one read alone can hold a finding
 
     def plain_class(self, name: str, seen: frozenset[str] = frozenset()) -> bool:
         """A class of this file whose objects are never called (no

@@ -13,7 +13,7 @@ has none either; a log-prob computed by a model called
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
@@ -761,31 +761,72 @@ def may_compute_kl(
 
 
 def sketch_may_compute_kl(sketch: Sketch, cls: str | None, name: str) -> bool:
-    return _may_compute_kl(sketch, (cls, name), set())
+    return _mentions(sketch, (cls, name), set(), sketch.relevance, relevant_identifier)
 
 
-def _may_compute_kl(sketch: Sketch, key: FunctionKey, visiting: set[FunctionKey]) -> bool:
-    known = sketch.relevance.get(key)
+# What makes a value the reference's: a name with a reference word (a
+# log-prob, a model: ``RolePatterns.role_from_words``, ``is_reference_model``),
+# a bare ``ref``, a context that switches an adapter off; or a KL named as one.
+REFERENCE_EVIDENCE = REFERENCE_WORDS | KL_WORDS
+# Identifiers with such a word that never name a reference: a constructor, a
+# model loader (``is_reference_model`` ignores it), weight initialisation.
+_NOT_A_REFERENCE = frozenset(
+    {"__init__", "from_pretrained", "post_init", "init_weights", "_init_weights"}
+)
+
+
+def reference_evidence(identifier: str) -> bool:
+    """``ref_logps``, ``self.teacher``, ``disable_adapter``, ``kl_coef``."""
+    return identifier in REFERENCE_CONTEXTS or (
+        identifier not in _NOT_A_REFERENCE
+        and any(w in REFERENCE_EVIDENCE for w in words(identifier))
+    )
+
+
+def sketch_mentions(
+    sketch: Sketch,
+    cls: str | None,
+    name: str,
+    cache: dict[FunctionKey, bool],
+    evidence: Callable[[str], bool],
+) -> bool:
+    """Whether a function, or one of its module it calls, mentions an
+    identifier that is ``evidence`` (``cache``: the answers so far, per
+    function of the sketch)."""
+    return _mentions(sketch, (cls, name), set(), cache, evidence)
+
+
+def _mentions(
+    sketch: Sketch,
+    key: FunctionKey,
+    visiting: set[FunctionKey],
+    cache: dict[FunctionKey, bool],
+    evidence: Callable[[str], bool],
+) -> bool:
+    """Whether the function ``key``, or one of its module it calls, mentions
+    an identifier that is ``evidence``; True for a function the sketch does
+    not know."""
+    known = cache.get(key)
     if known is not None:
         return known
     names = sketch.functions.get(key)
-    if names is None or any(relevant_identifier(i) for i in names.identifiers):
-        sketch.relevance[key] = True
+    if names is None or any(evidence(i) for i in names.identifiers):
+        cache[key] = True
         return True
     visiting.add(key)
-    relevant = False
+    found = False
     cls = key[0]
     for called in names.called:
         callee = (cls, called) if (cls, called) in sketch.functions else (None, called)
         if callee in sketch.functions and callee not in visiting:
-            if _may_compute_kl(sketch, callee, visiting):
-                relevant = True
+            if _mentions(sketch, callee, visiting, cache, evidence):
+                found = True
                 break
     visiting.discard(key)
-    if relevant or not visiting:
+    if found or not visiting:
         # A verdict reached inside a cycle is not final until the cycle's entry decides.
-        sketch.relevance[key] = relevant
-    return relevant
+        cache[key] = found
+    return found
 
 
 def may_carry_kl(value: Value) -> bool:

@@ -16,6 +16,7 @@ import libcst as cst
 
 from kllint.analysis import callers, ir, roles
 from kllint.analysis.callers import Caller
+from kllint.analysis.module import ModuleInfo
 from kllint.analysis.project import Project
 from kllint.analysis.syntax import code, named_params, string_key
 from kllint.analysis.values import DictVal, Seq, Value, tensors_of
@@ -81,6 +82,54 @@ NOT_A_LOSS_WORDS = frozenset(
         "track",
     }
 )
+
+
+# What a sink is written with: a loss, an objective, a backward pass or an
+# optimiser step, advantages, returns or rewards stored for a loss elsewhere.
+SINK_WORDS = frozenset(
+    {
+        "loss",
+        "losses",
+        "objective",
+        "objectives",
+        "advantage",
+        "advantages",
+        "returns",
+        "reward",
+        "rewards",
+        "experience",
+        "experiences",
+        *BACKWARD_METHODS,
+        *STEP_METHODS,
+    }
+)
+_FINDING_EVIDENCE: dict[str, bool] = {}
+
+
+def may_hold_a_finding(module: ModuleInfo, fn: str, cls: str | None) -> bool:
+    """Whether a function read on its own (an entry) can hold a finding.
+    Every rule judges a term against the reference, so it (or a function of
+    its module it calls) mentions what makes a value the reference's, or a
+    sink, which may be given the reference by a callable kllint cannot see
+    (``objective_fn(curr_logprobs, data)``). Generation code that forms
+    log-probs and mentions neither is not read; one given the reference
+    is read at its call."""
+    return roles.sketch_mentions(
+        module.sketch,
+        cls,
+        fn,
+        module.sketch.findings,
+        _finding_evidence,
+    )
+
+
+def _finding_evidence(identifier: str) -> bool:
+    known = _FINDING_EVIDENCE.get(identifier)
+    if known is None:
+        known = _FINDING_EVIDENCE[identifier] = roles.reference_evidence(identifier) or bool(
+            SINK_WORDS & set(roles.words(identifier))
+        )
+    return known
 
 
 def is_loss_name(name: str) -> bool:
