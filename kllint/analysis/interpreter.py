@@ -536,6 +536,8 @@ class Interpreter(Calls):
                 self.assign(small.target, combined, small)
         elif isinstance(small, cst.Expr):
             self.eval(small.value)
+            if self.depth == 0 and isinstance(small.value, cst.Call):
+                self.store_into_a_buffer(small.value)
         elif isinstance(small, cst.Return):
             value = self.eval(small.value) if small.value is not None else Py(None)
             if self.no_grad and isinstance(value, (ir.Node, Choice, Flipped, Grouped)):
@@ -801,6 +803,24 @@ class Interpreter(Calls):
                     owner=self.self_class[0].name if self.self_class else None,
                 )
             )
+
+    def store_into_a_buffer(self, call: cst.Call) -> None:
+        """``buffer.add(list(zip(ids, returns, mask)))``: returns or advantages
+        kept in a replay buffer (a queue, a list of rollouts) for a loss that
+        samples them later, as if stored under their name."""
+        func = call.func
+        if not (isinstance(func, cst.Attribute) and func.attr.value in sinks.STORE_METHODS):
+            return
+        for arg in call.args:
+            for name in _names_in(arg.value):
+                value = self.env.get(name)
+                if value is None or not sinks.may_hold_kl(value):
+                    continue
+                shown = f"{code(func.value)}.{func.attr.value}(...)"
+                if sinks.is_advantage_key(name):
+                    self.stored_advantages.append((call, shown, value))
+                elif sinks.is_returns_key(name):
+                    self.stored_returns.append((call, shown, value))
 
     def assign(self, target: cst.BaseExpression, value: Value, node: cst.CSTNode) -> None:
         if self.no_grad and isinstance(value, (ir.Node, Choice, Flipped, Grouped)):
@@ -1403,6 +1423,20 @@ def _made_into_rewards(value: Value) -> bool:
     return any(
         _penalised(node, negative=False) for node in tensors_of(value) if sinks.may_hold_kl(node)
     )
+
+
+def _names_in(expr: cst.BaseExpression) -> Iterator[str]:
+    """The names an expression reads (``list(zip(ids, returns))``: ``ids``,
+    ``returns``), not attributes or the functions it calls."""
+    stack: list[cst.CSTNode] = [expr]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, cst.Name):
+            yield node.value
+        elif isinstance(node, cst.Call):
+            stack.extend(arg.value for arg in node.args)
+        elif isinstance(node, (cst.Tuple, cst.List)):
+            stack.extend(element.value for element in node.elements)
 
 
 def _added_to_a_reward(value: Value) -> bool:

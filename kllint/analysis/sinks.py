@@ -132,6 +132,10 @@ def _finding_evidence(identifier: str) -> bool:
     return known
 
 
+# How rollouts are kept for a later loss: a replay buffer, a queue, a list.
+STORE_METHODS = frozenset({"add", "append", "extend", "put", "push", "store", "insert"})
+
+
 def is_loss_name(name: str) -> bool:
     """``loss``, ``kl_loss``, ``policy_loss``, ``losses``; not ``loss_mask``."""
     ws = roles.words(name)
