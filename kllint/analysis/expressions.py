@@ -331,6 +331,11 @@ class Expressions(Frame):
             )
             if constant is not None:
                 return self.eval(constant)
+            table = (
+                self.context.project.imported_table(name, self.module) if name.isupper() else None
+            )
+            if table is not None:
+                return self.imported_dispatch(*table)
             return Unknown(name, (name,), module=self.module.imports[name].dotted)
         if name in self.module.constants:
             constant = self.module.constants[name]
@@ -348,6 +353,24 @@ class Expressions(Frame):
                     else Unknown(name, (name,))
                 )
         return Unknown(name, (name,))
+
+    def imported_dispatch(self, table: cst.Dict, where: ModuleInfo) -> DictVal:
+        """An imported dispatch table (``{"k3": low_var_kl, ...}``): each
+        function it names is the one of the module that holds the table."""
+        items: dict[str, Value] = {}
+        for element in table.elements:
+            if not isinstance(element, cst.DictElement):
+                continue
+            key = self.eval(element.key)
+            held = dict_key(key.value) if isinstance(key, Py) else None
+            value = element.value
+            if held is None:
+                continue
+            if isinstance(value, cst.Name) and value.value in where.functions:
+                items[held] = FuncRef(unparsed(where.functions, value.value), where)
+            else:
+                items[held] = Unknown(code(value), (held,))
+        return DictVal(items)
 
     def eval_constant(self, constant: cst.BaseExpression) -> Value:
         """A module-level constant, evaluated where it is used: its lambdas

@@ -324,6 +324,16 @@ class Project:
             return constant
         return None
 
+    def imported_table(self, name: str, module: ModuleInfo) -> tuple[cst.Dict, ModuleInfo] | None:
+        """A dispatch table of the project another module imports (``from
+        .estimators import KL_REWARDS``, filled by a decorator there): its
+        dict literal and the module its functions are in."""
+        found = self._imported_from(name, module)
+        constant = found[0].constants.get(found[1]) if found is not None else None
+        if found is not None and isinstance(constant, cst.Dict):
+            return constant, found[0]
+        return None
+
     def _imported_from(self, name: str, module: ModuleInfo) -> tuple[ModuleInfo, str] | None:
         """The project module ``from x import name`` reads, and the name there."""
         imported = module.imports.get(name)
