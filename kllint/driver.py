@@ -297,13 +297,32 @@ def _verdicts(sinks: list[Sink], path: str) -> list[_Verdict]:
         shared = common_condition(verdict.branches)
         if shared != verdict.site.branch:
             verdict.site = replace(verdict.site, branch=shared)
-    verdicts = [
-        v
-        for v in best.values()
-        if any(s.backward for s in v.sinks) or id(v.site.origin.cst_node) not in right_where_run
-    ]
+    verdicts = _as_run(list(best.values()), right_where_run)
     paired = _right_together(verdicts)
     return _one_per_expression([v for v in _kept(verdicts, cleared) if id(v) not in paired])
+
+
+def _as_run(verdicts: list[_Verdict], right_where_run: set[int]) -> list[_Verdict]:
+    """What the training step runs decides an estimate's verdict. A loss
+    function read alone (``compute_actor_loss(data, config)``) guesses what
+    its arguments are (``data["log_prob"]`` read as stored, without
+    gradient); the step that backpropagates it passes them. Of an estimate
+    judged in a backward pass, a verdict reached only by reading a function
+    alone is dropped when the backward pass judged it right or reached
+    another rule there."""
+    run: dict[int, set[str]] = {}
+    for v in verdicts:
+        if any(s.backward for s in v.sinks):
+            run.setdefault(id(v.site.origin.cst_node), set()).add(v.rule.code)
+    kept = []
+    for v in verdicts:
+        origin = id(v.site.origin.cst_node)
+        if not any(s.backward for s in v.sinks) and (
+            origin in right_where_run or (origin in run and v.rule.code not in run[origin])
+        ):
+            continue
+        kept.append(v)
+    return kept
 
 
 def _one_per_expression(verdicts: list[_Verdict]) -> list[_Verdict]:

@@ -896,7 +896,14 @@ class Interpreter(Calls):
                 # ``logps = torch.zeros(...)`` filled row by row under no_grad
                 # (a dict given an entry, ``batch["ref_logps"] = ...``, is not).
                 self.env[target.value.value] = replace(container, detached=True)
-            if isinstance(container, Unknown) and key is not None and sinks.may_hold_kl(value):
+            if (
+                isinstance(container, Unknown)
+                and key is not None
+                and (sinks.may_hold_kl(value) or _with_the_policys_gradient(value))
+            ):
+                # Also the policy's log-probs with their gradient
+                # (``mb["log_prob"] = log_prob`` before ``compute_loss(mb)``): a
+                # loss reading them back would otherwise take them for stored.
                 self.context.write(container, key, value)
             if isinstance(container, DictVal) and key is not None:
                 container.items[key] = value
@@ -1422,6 +1429,12 @@ def _made_into_rewards(value: Value) -> bool:
     the estimate."""
     return any(
         _penalised(node, negative=False) for node in tensors_of(value) if sinks.may_hold_kl(node)
+    )
+
+
+def _with_the_policys_gradient(value: Value) -> bool:
+    return any(
+        isinstance(node, ir.Node) and ir.depends_on_policy(node) for node in tensors_of(value)
     )
 
 
