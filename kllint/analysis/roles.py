@@ -172,9 +172,17 @@ def words(name: str) -> list[str]:
 _WORDS: dict[str, list[str]] = {}
 
 
+# A reward model's (a process reward model's) own log-probs: PRIME's implicit
+# reward ``beta * (prm_log_prob - prm_ref_log_prob)`` is a score, not a KL of
+# the policy.
+REWARD_MODEL_WORDS = frozenset({"prm", "prms", "orm", "rm"})
+
+
 @lru_cache(maxsize=1 << 16)  # the same names, asked again and again
 def is_logprob_name(name: str) -> bool:
     ws = words(name)
+    if any(w in REWARD_MODEL_WORDS for w in ws):
+        return False
     if any(w in LOGPROB_WORDS for w in ws):
         return True
     return any(w == "log" and nxt in AFTER_LOG_WORDS for w, nxt in zip(ws, ws[1:]))
@@ -288,7 +296,7 @@ def weight_role(name: str) -> Role | None:
     """Non-log-prob operands: masks, advantages, coefficients."""
     if has_words(name, MASK_WORDS):
         return Role.MASK
-    if has_words(name, ADVANTAGE_WORDS):
+    if has_words(name, ADVANTAGE_WORDS) or has_words(name, REWARD_MODEL_WORDS):
         return Role.ADVANTAGE
     if has_words(name, COEFFICIENT_WORDS) or name.isupper():
         return Role.COEFFICIENT
