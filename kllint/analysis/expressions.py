@@ -499,7 +499,7 @@ class Expressions(Frame):
                 default is None
                 and not base.call
                 and base.module is None
-                and selectors.float_setting(
+                and selectors.number_setting(
                     self.context.project,
                     self.module,
                     self.function_node,

@@ -248,7 +248,19 @@ class Interpreter(Calls):
         per-token KL rewards reach advantages through GAE and returns loops.
         A discount (``ret = r + gamma * ret``) is kept on the scan."""
         direction = _time_loop_direction(statement)
-        if isinstance(statement, cst.For):
+        if (
+            direction == "forward"
+            and isinstance(statement, cst.For)
+            and isinstance(statement.iter, cst.Call)
+            and len(statement.iter.args) == 3
+            and isinstance(statement.target, cst.Name)
+        ):
+            # ``for s in range(0, n, micro_batch)``: an offset into the batch,
+            # a number without gradient (``loss * (e - s) / n`` scales a loss).
+            self.assign(
+                statement.target, ir.Atom(Role.COEFFICIENT, statement.target.value), statement
+            )
+        elif isinstance(statement, cst.For):
             self.bind_loop_target(statement.target, statement.iter, statement)
         carried: dict[str, ir.Node] = {}
         if direction is not None:

@@ -62,6 +62,8 @@ class ClassField:
     choices: bool = False
     # ``kl_tau: float = 0.05``: a float default, a number never a selector.
     float_default: bool = False
+    # ``micro_batch: int = 4``: an int default (a count, or a selector's value).
+    int_default: bool = False
 
 
 class ClassInfo:
@@ -149,6 +151,7 @@ def _ast_fields(text: str) -> list[ClassField]:
                     value.id if isinstance(value, ast.Name) and value.id.isupper() else None,
                     ast.unparse(small.annotation).split("[")[0].endswith("Literal"),
                     is_float(value),
+                    isinstance(value, ast.Constant) and type(value.value) is int,
                 )
             )
         elif (

@@ -484,7 +484,7 @@ def typed_default(
     return Py(literal, source=f"`{config_class.name}` ({where.path.name}:{line})")
 
 
-def float_setting(
+def number_setting(
     project: Project,
     module: ModuleInfo,
     function: cst.FunctionDef | None,
@@ -494,10 +494,15 @@ def float_setting(
 ) -> bool:
     """``loss_config.kl_tau`` where ``loss_config: LossConfig`` gives
     ``kl_tau: float = 0.05``: a number the run is configured with, so a
-    constant of the loss (a coefficient), not a path for its gradient."""
+    constant of the loss (a coefficient), not a path for its gradient. So is
+    an int that chooses nothing (``micro_batch: int = 4``, not
+    ``kl_estimator: Literal[0, 1, 2] = 2``)."""
     found = _config_class(project, module, function, cls, names)
     return found is not None and any(
-        f.name == attr and f.annotated and f.float_default for f in found[0].fields
+        f.name == attr
+        and f.annotated
+        and (f.float_default or (f.int_default and not f.choices and not names_a_selector(attr)))
+        for f in found[0].fields
     )
 
 
