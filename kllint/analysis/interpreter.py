@@ -30,6 +30,7 @@ that call site.
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
@@ -276,6 +277,11 @@ class Interpreter(Calls):
             return
         scans: dict[int, ir.Node] = {}
         reverse = direction == "reverse"
+        index = (
+            statement.target.value
+            if isinstance(statement, cst.For) and isinstance(statement.target, cst.Name)
+            else None
+        )
 
         def scanned(step: Value, placeholder: ir.Node) -> Value | None:
             """The scan of a recurrence, per alternative when a branch in the
@@ -284,6 +290,13 @@ class Interpreter(Calls):
                 options = [(label, scanned(v, placeholder)) for label, v in step.options]
                 if all(v is None for _, v in options):
                     return None
+                carried_on = [v for _, v in options if v is not None]
+                if index is not None and all(
+                    re.search(rf"\b{re.escape(index)}\b", label) for label, _ in step.options
+                ):
+                    # ``G[:, t + 1] if t + 1 < T else 0.0``: the last step starts
+                    # the recurrence; it is not another way to compute it.
+                    return carried_on[0]
                 return choice(
                     [
                         (label, v if v is not None else original)
@@ -1705,6 +1718,16 @@ def _assigned_names(body: cst.BaseSuite) -> list[str]:
                 for target in targets:
                     if isinstance(target, cst.Name) and target.value not in names:
                         names.append(target.value)
+                    elif (
+                        isinstance(small, cst.Assign)
+                        and isinstance(target, cst.Subscript)
+                        and isinstance(target.value, cst.Name)
+                        and target.value.value not in names
+                        and _reads(small.value, target.value.value)
+                    ):
+                        # ``G[:, t] = c[:, t] + G[:, t + 1]``: a buffer filled
+                        # from its own next step, a recurrence like ``g = c + g``.
+                        names.append(target.value.value)
         elif isinstance(node, cst.SimpleStatementSuite):
             walk(cst.SimpleStatementLine(body=node.body))
         elif not isinstance(node, cst.FunctionDef):
@@ -1718,6 +1741,18 @@ def _assigned_names(body: cst.BaseSuite) -> list[str]:
 
     walk(body)
     return names
+
+
+def _reads(expr: cst.BaseExpression, name: str) -> bool:
+    found = False
+
+    class Finder(cst.CSTVisitor):
+        def visit_Name(self, node: cst.Name) -> None:
+            nonlocal found
+            found = found or node.value == name
+
+    expr.visit(Finder())
+    return found
 
 
 def _has_selector_parameter(fn: cst.FunctionDef) -> bool:
