@@ -1331,20 +1331,23 @@ def _defect_of_its_own(value: Value, maximised: bool = False) -> bool:
     caller makes of it; so does a per-token estimate, whose use (a reward, a
     loss) is still the caller's to decide."""
     terms = [
-        term
+        (term, ir.depends_on_policy(node))
         for node in tensors_of(value)
         if not ir.is_detached(node)
         for term in sites.kl_terms(ir.neg(node) if maximised else node)
     ]
-    if not terms or any(_per_token_reference(term) for term in terms):
+    if not terms or any(_per_token_reference(term) for term, _ in terms):
         return False
-    for term in terms:
+    for term, with_gradient in terms:
         found = sites.profile_of(term)
-        if (
-            found is not None
-            and found.direction is not Direction.NONE
-            and not found.sequence_correct
-        ):
+        if found is None:
+            continue
+        if found.direction is not Direction.NONE and not found.sequence_correct:
+            return True
+        if found.direction is Direction.NONE and with_gradient:
+            # A loss with the policy's gradient whose KL term has none: the
+            # helper built the estimate from the wrong log-probs itself
+            # (``exp(lq - lmu)`` beside ``exp(lp - lmu)``), whatever it is given.
             return True
     return False
 
