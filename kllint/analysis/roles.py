@@ -172,6 +172,32 @@ def words(name: str) -> list[str]:
 _WORDS: dict[str, list[str]] = {}
 
 
+# Paper notation that researchers' code keeps, whole identifiers: log q and
+# p0 or pi0 for the reference (KL(p||q), the initial policy), log mu for the
+# behaviour policy. (Words drop digits: ``pi0`` would read as ``pi``.)
+TERSE_LOGPROBS: dict[str, Role] = {
+    "lq": Role.REFERENCE_LOGP,
+    "logq": Role.REFERENCE_LOGP,
+    "lp0": Role.REFERENCE_LOGP,
+    "logp0": Role.REFERENCE_LOGP,
+    "lpi0": Role.REFERENCE_LOGP,
+    "logpi0": Role.REFERENCE_LOGP,
+    "lmu": Role.OLD_LOGP,
+    "logmu": Role.OLD_LOGP,
+}
+# Not ``p``, ``q`` or ``mu`` alone: parameters, queries, Q-values and means
+# are named so too.
+TERSE_PROBS: dict[str, Role] = {
+    "p0": Role.REFERENCE_LOGP,
+    "pi0": Role.REFERENCE_LOGP,
+}
+
+
+def terse_role(name: str) -> Role | None:
+    """``lq``, ``p0``, ``mu``: whose log-probs (or probabilities) a terse name holds."""
+    return TERSE_LOGPROBS.get(name) or TERSE_PROBS.get(name)
+
+
 # A reward model's (a process reward model's) own log-probs: PRIME's implicit
 # reward ``beta * (prm_log_prob - prm_ref_log_prob)`` is a score, not a KL of
 # the policy.
@@ -180,6 +206,8 @@ REWARD_MODEL_WORDS = frozenset({"prm", "prms", "orm", "rm"})
 
 @lru_cache(maxsize=1 << 16)  # the same names, asked again and again
 def is_logprob_name(name: str) -> bool:
+    if name in TERSE_LOGPROBS:
+        return True
     ws = words(name)
     if any(w in REWARD_MODEL_WORDS for w in ws):
         return False
@@ -191,6 +219,8 @@ def is_logprob_name(name: str) -> bool:
 @lru_cache(maxsize=1 << 16)
 def is_prob_name(name: str) -> bool:
     """Probabilities (``pi``, ``ref_probs``): used as ``log(pi / pi_ref)``."""
+    if name in TERSE_PROBS:
+        return True
     ws = words(name)
     return "log" not in ws and any(w in PROB_WORDS for w in ws)
 
@@ -270,6 +300,9 @@ class RolePatterns:
         configured = self._configured(name)
         if configured is not None:
             return configured
+        terse = terse_role(name)
+        if terse is not None:
+            return None if terse is Role.POLICY_LOGP else terse
         if has_words(name, REFERENCE_WORDS):
             return Role.REFERENCE_LOGP
         if has_words(name, OLD_WORDS):
@@ -292,8 +325,21 @@ def level_of(name: str) -> Level:
     return Level.SEQUENCE if has_words(name, SEQUENCE_WORDS) else Level.TOKEN
 
 
+# Paper notation for the other operands: A (advantages), G (returns), R (rewards),
+# M or m (a mask); an upper-case name is otherwise a constant.
+TERSE_WEIGHTS: dict[str, Role] = {
+    "A": Role.ADVANTAGE,
+    "G": Role.ADVANTAGE,
+    "R": Role.ADVANTAGE,
+    "M": Role.MASK,
+    "m": Role.MASK,
+}
+
+
 def weight_role(name: str) -> Role | None:
     """Non-log-prob operands: masks, advantages, coefficients."""
+    if name in TERSE_WEIGHTS:
+        return TERSE_WEIGHTS[name]
     if has_words(name, MASK_WORDS):
         return Role.MASK
     if has_words(name, ADVANTAGE_WORDS) or has_words(name, REWARD_MODEL_WORDS):
@@ -468,6 +514,15 @@ def _logprob_evidence(
         is_logprob_name(target) or is_prob_name(target) or patterns.logprob_role(target)
     ):
         role = patterns.logprob_role(target)
+        if terse_role(target) is not None and unknown.logprob_op:
+            # ``logq = F.log_softmax(logits)``: notation names no policy;
+            # what the log-probs were computed from does.
+            role = (
+                Role.REFERENCE_LOGP
+                if unknown.reference_model
+                or any(patterns.role_from_words(n) for n in unknown.names if terse_role(n) is None)
+                else Role.POLICY_LOGP
+            )
         prob = is_prob_name(target) and not is_logprob_name(target) and not computed_log_probs
         if (
             role is Role.POLICY_LOGP
@@ -583,13 +638,13 @@ def name_logprob(name: str, value: Value, patterns: RolePatterns, *, no_grad: bo
         not detached
         and not no_grad
         and patterns._configured(name) is None
-        and patterns.logprob_role(name) is Role.OLD_LOGP
+        and (patterns.logprob_role(name) is Role.OLD_LOGP or terse_role(name) is not None)
         and any(n.has_role(Role.POLICY_LOGP) for n in logprob_nodes)
     ):
         # ``sampled_logp = s_logp.gather(...)`` from the policy's own logits,
         # with its gradient: the policy's log-prob, whatever its name says (a
-        # behaviour policy's log-prob carries no gradient). A role the user
-        # configured for the name still wins.
+        # behaviour policy's log-prob carries no gradient; ``logq`` is only
+        # notation). A role the user configured for the name still wins.
         return ir.Atom(Role.POLICY_LOGP, name, level, per_token=per_token)
     if patterns.logprob_role(name) is None and logprob_nodes:
         # ``ref = reference_logprobs(...)``: a log-prob named by its role alone.
