@@ -329,6 +329,10 @@ class Project:
         .estimators import KL_REWARDS``, filled by a decorator there): its
         dict literal and the module its functions are in."""
         found = self._imported_from(name, module)
+        if found is not None and found[1] not in found[0].constants:
+            # ``from . import KL_FNS`` with ``from .kl import KL_FNS`` in the
+            # package's ``__init__``: one re-export followed.
+            found = self._imported_from(found[1], found[0]) or found
         constant = found[0].constants.get(found[1]) if found is not None else None
         if found is not None and isinstance(constant, cst.Dict):
             return constant, found[0]
