@@ -899,6 +899,9 @@ def _einsum(at: TorchCall, args: Args, kwargs: Kwargs) -> Value | None:
     operands = list(args[1].items) if len(args) == 2 and isinstance(args[1], Seq) else args[1:]
     inputs, arrow, output = spec.partition("->")
     subscripts = inputs.split(",")
+    summed = _triangular_einsum(at, subscripts, output, operands)
+    if summed is not None:
+        return summed
     if (
         not arrow
         or len(subscripts) != len(operands)
@@ -927,6 +930,33 @@ def _einsum(at: TorchCall, args: Args, kwargs: Kwargs) -> Value | None:
     if len(subscripts[0]) == 2:
         return at.lift1(product, lambda n: ir.Reduce("sum", Axis.TIME, n, origin=at.origin))
     return None
+
+
+def _triangular_einsum(
+    at: TorchCall, subscripts: list[str], output: str, operands: Sequence[Value]
+) -> Value | None:
+    """``einsum("ts,bs->bt", torch.triu(ones(T, T)), r)``: each step's sum of
+    the later rewards (the reward-to-go), as ``r @ tril``. Contracting the
+    matrix's second index is ``x @ matrix.T``; its first, ``x @ matrix``."""
+    if len(operands) != 2 or len(subscripts) != 2:
+        return None
+    marked = [i for i, o in enumerate(operands) if triangular_ones(o) is not None]
+    if len(marked) != 1:
+        return None
+    matrix, x = operands[marked[0]], operands[1 - marked[0]]
+    rows_cols, batch_time = subscripts[marked[0]], subscripts[1 - marked[0]]
+    if len(rows_cols) != 2 or len(batch_time) != 2 or len(output) != 2:
+        return None
+    contracted = batch_time[1]
+    if contracted not in rows_cols or contracted in output or output[0] != batch_time[0]:
+        return None
+    kept = rows_cols.replace(contracted, "", 1)
+    if output[1] != kept or not isinstance(x, ir.Node) or isinstance(x, ir.Opaque):
+        return None
+    reverse = triangular_ones(matrix)
+    if contracted == rows_cols[1]:
+        reverse = not reverse
+    return ir.CumSum(x, reverse=bool(reverse), origin=at.origin)
 
 
 ONE_HOT = "one_hot"  # ``F.one_hot(ids, V)``: a token picker over the vocabulary
