@@ -5,7 +5,7 @@ operation means is the torch vocabulary's business, in ``lowering``)."""
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 
 import libcst as cst
@@ -176,14 +176,7 @@ class Expressions(Frame):
     def eval_display(self, expr: cst.Tuple | cst.List | cst.Dict) -> Value:
         """A tuple, list or dict written out."""
         if isinstance(expr, cst.Dict):
-            items: dict[str, Value] = {}
-            for element in expr.elements:
-                if isinstance(element, cst.DictElement):
-                    key = self.eval(element.key)
-                    held = dict_key(key.value) if isinstance(key, Py) else None
-                    if held is not None:
-                        items[held] = self.eval(element.value)
-            return DictVal(items)
+            return DictVal({key: self.eval(value) for key, value in self.dict_entries(expr)})
         if isinstance(expr, cst.List) and not expr.elements:
             return Seq([], appended=True)  # a list to be filled by ``.append``
         return Seq([self.eval(e.value) for e in expr.elements if isinstance(e, cst.Element)])
@@ -357,20 +350,23 @@ class Expressions(Frame):
     def imported_dispatch(self, table: cst.Dict, where: ModuleInfo) -> DictVal:
         """An imported dispatch table (``{"k3": low_var_kl, ...}``): each
         function it names is the one of the module that holds the table."""
-        items: dict[str, Value] = {}
-        for element in table.elements:
-            if not isinstance(element, cst.DictElement):
-                continue
-            key = self.eval(element.key)
-            held = dict_key(key.value) if isinstance(key, Py) else None
-            value = element.value
-            if held is None:
-                continue
-            if isinstance(value, cst.Name) and value.value in where.functions:
-                items[held] = FuncRef(unparsed(where.functions, value.value), where)
-            else:
-                items[held] = Unknown(code(value), (held,))
-        return DictVal(items)
+        return DictVal(
+            {
+                key: FuncRef(unparsed(where.functions, value.value), where)
+                if isinstance(value, cst.Name) and value.value in where.functions
+                else Unknown(code(value), (key,))
+                for key, value in self.dict_entries(table)
+            }
+        )
+
+    def dict_entries(self, expr: cst.Dict) -> Iterator[tuple[str, cst.BaseExpression]]:
+        """The entries of a dict literal whose key kllint can read."""
+        for element in expr.elements:
+            if isinstance(element, cst.DictElement):
+                key = self.eval(element.key)
+                held = dict_key(key.value) if isinstance(key, Py) else None
+                if held is not None:
+                    yield held, element.value
 
     def eval_constant(self, constant: cst.BaseExpression) -> Value:
         """A module-level constant, evaluated where it is used: its lambdas

@@ -1747,15 +1747,7 @@ def _assigned_names(body: cst.BaseSuite) -> list[str]:
 
 
 def _reads(expr: cst.BaseExpression, name: str) -> bool:
-    found = False
-
-    class Finder(cst.CSTVisitor):
-        def visit_Name(self, node: cst.Name) -> None:
-            nonlocal found
-            found = found or node.value == name
-
-    expr.visit(Finder())
-    return found
+    return any(isinstance(n, cst.Name) and n.value == name for n in descendants(expr))
 
 
 def _has_selector_parameter(fn: cst.FunctionDef) -> bool:
