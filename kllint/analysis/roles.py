@@ -116,6 +116,8 @@ COEFFICIENT_WORDS = frozenset(
         "alpha",
         "lam",
         "lambda",
+        # A Lagrange multiplier on a KL budget, kept non-negative by dual ascent.
+        "multiplier",
         "weight",
         "scale",
         "ctl",
@@ -478,9 +480,14 @@ def _weight_of(unknown: Unknown) -> Role | None:
     if (
         len(unknown.names) >= 2
         and unknown.names[-1] == "value"
-        and has_words(unknown.names[-2], _CONTROLLER_WORDS)
+        and (
+            has_words(unknown.names[-2], _CONTROLLER_WORDS)
+            or has_words(unknown.names[-2], COEFFICIENT_WORDS)
+        )
     ):
-        return Role.COEFFICIENT  # ``self.kl_ctl.value``: an adaptive KL coefficient
+        # ``self.kl_ctl.value``: an adaptive KL coefficient; ``self.lam.value``:
+        # a Lagrange multiplier's.
+        return Role.COEFFICIENT
     last = weight_role(unknown.names[-1])
     if last is not None or unknown.call:
         return last
