@@ -359,8 +359,28 @@ def focus_of(term: ir.Node) -> ir.Node:
             # A KL reward added to the task score, a value baseline subtracted
             # (not the policy side of ``logp - ref``, which is the estimate).
             node = node.left if _has_reference(node.left) else node.right
+        elif (
+            isinstance(node, ir.Binary)
+            and node.op in ("add", "sub")
+            and _has_reference(node.left) != _has_reference(node.right)
+            and _is_offset(node.right if _has_reference(node.left) else node.left)
+        ):
+            # A constraint's slack, ``kl_budget - kl``: the constant moves the
+            # value, not the gradient; the estimate is the KL side.
+            node = node.left if _has_reference(node.left) else node.right
         else:
             return node
+
+
+def _is_offset(node: ir.Node) -> bool:
+    """A setting (``kl_budget``, ``cfg.target_kl``), alone or in arithmetic
+    with literals: no log-prob, mask or advantage. A bare literal is not one:
+    k3's ``- 1`` belongs to the estimate."""
+    return bool(node.atoms()) and all(
+        isinstance(leaf, (ir.Const, ir.Binary, ir.Unary))
+        or (isinstance(leaf, ir.Atom) and leaf.role is Role.COEFFICIENT)
+        for leaf in node.walk()
+    )
 
 
 def _written_apart(term: ir.Node, weighted: ir.Binary) -> bool:
