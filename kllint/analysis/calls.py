@@ -197,6 +197,12 @@ class Calls(Expressions):
                 return value
         if name == "len" and args:
             return ir.Atom(Role.COEFFICIENT, code(call))
+        if name in ("min", "max") and len(args) >= 2 and not kwargs:
+            # ``min(1.0, (step + 1) / cfg.kl_warmup_steps)``: a schedule of
+            # numbers is a coefficient (Python's ``min`` of tensors compares
+            # them whole, so it is never a per-token clip).
+            if all(_a_number(self.eval(arg.value)) for arg in args):
+                return ir.Atom(Role.COEFFICIENT, code(call))
         if name == "zip" and len(call.args) == 1 and call.args[0].star == "*":
             # ``pg_terms, kl_terms = zip(*[terms(mb) for mb in micro_batches])``:
             # the tuples each step returned, transposed.
@@ -1106,3 +1112,24 @@ def _factor_of(grad: ir.Node, grad_output: ir.Atom) -> ir.Node | None:
             inner = _factor_of(grad.right, grad_output)
             return ir.binary("mul", grad.left, inner) if inner is not None else None
     return None
+
+
+def _a_number(value: Value) -> bool:
+    """A literal, a setting or arithmetic of them: nothing a gradient flows
+    through (``step``, ``cfg.kl_warmup_steps``, ``1.0``)."""
+    if isinstance(value, Py):
+        return isinstance(value.value, (int, float)) and not isinstance(value.value, bool)
+    if isinstance(value, ir.Node):
+        return all(
+            isinstance(node, (ir.Const, ir.Binary, ir.Unary))
+            or (isinstance(node, ir.Atom) and node.role is Role.COEFFICIENT)
+            # A name kllint has no value for; not a call's result, which
+            # may be a tensor (``min(loss, cap)``).
+            or (isinstance(node, ir.Opaque) and "(" not in node.reason)
+            for node in value.walk()
+        )
+    if isinstance(value, Unknown):
+        return not roles.may_carry_kl(value) and roles.weight_role(
+            value.names[-1] if value.names else value.text
+        ) in (None, Role.COEFFICIENT)
+    return False
