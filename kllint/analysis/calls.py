@@ -247,6 +247,15 @@ class Calls(Expressions):
                     description = sinks.backward_description(full_code(call), method)
                     self.add_sink(value, description, True, call, backward=True)
             return Py(None)
+        if _calls_super(func.value) and self.cls is not None:
+            # ``pg_loss, metrics = super().compute_loss(logprobs, data)`` in an
+            # override: the base class's method, on the same object.
+            parent = self.context.project.parent_method(self.cls, self.module, method)
+            if parent is not None:
+                this = self.env.get("self")
+                return self.inline(
+                    replace(parent, receiver=this) if isinstance(this, Instance) else parent, call
+                )
         receiver = self.eval(func.value)
         if isinstance(receiver, Instance) or (
             isinstance(receiver, Unknown) and receiver.names == ("self",) and self.cls is not None
@@ -1112,6 +1121,15 @@ def _factor_of(grad: ir.Node, grad_output: ir.Atom) -> ir.Node | None:
             inner = _factor_of(grad.right, grad_output)
             return ir.binary("mul", grad.left, inner) if inner is not None else None
     return None
+
+
+def _calls_super(expr: cst.BaseExpression) -> bool:
+    """``super()`` (or ``super(Cls, self)``)."""
+    return (
+        isinstance(expr, cst.Call)
+        and isinstance(expr.func, cst.Name)
+        and expr.func.value == "super"
+    )
 
 
 def _a_number(value: Value) -> bool:

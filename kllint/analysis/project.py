@@ -366,6 +366,17 @@ class Project:
         self._methods[key] = (cls, found_ref, frozenset(read))
         return found_ref
 
+    def parent_method(self, cls: ClassInfo, module: ModuleInfo, name: str) -> FuncRef | None:
+        """``super().name`` in a method of ``cls``: the nearest base class of
+        the project that defines it."""
+        lineage = self.lineage(cls, module)
+        next(lineage)  # ``cls`` itself
+        for current, where in lineage:
+            self.read_paths.add(str(where.path))
+            if name in current.methods:
+                return FuncRef(unparsed(current.methods, name), where, current, bound=True)
+        return None
+
     def inherited(
         self, cls: ClassInfo, module: ModuleInfo
     ) -> Iterator[tuple[str, ClassInfo, ModuleInfo]]:
