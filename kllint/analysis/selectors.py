@@ -519,9 +519,12 @@ def _config_class(
     if len(names) == 1 and function is not None:
         annotation = annotation_of(function, names[0])
     elif len(names) == 2 and names[0] == "self" and cls is not None:
-        init = cls.methods.get("__init__")
+        # ``__init__`` of the class, or the one it inherits (an abstract base
+        # that keeps ``self.cfg``), read where it is written.
+        init = project.method(cls, module, "__init__")
         if init is not None:
-            annotation = annotation_of(init, names[1])
+            annotation = annotation_of(init.node, names[1])
+            module = init.module
     class_name = dotted_name(_optional(annotation)) if annotation is not None else None
     if class_name is None:
         return None
