@@ -754,6 +754,13 @@ class Calls(Expressions):
             )
         if roles.is_logprob_name(name) or name in LOGPROB_OPS or "log_softmax" in name:
             return self.logprob_call(call, name, args)
+        if name in lowering.WHITENERS and args:
+            whitened = self.eval(args[0].value)
+            by = self.eval(args[1].value) if len(args) > 1 else None
+            shift = self.eval(kwargs["shift_mean"]) if "shift_mean" in kwargs else Py(True)
+            if isinstance(whitened, ir.Node) and isinstance(shift, Py):
+                by_mask = self.as_node(by) if by is not None else None
+                return lowering.whitened(whitened, by_mask, bool(shift.value))
         credited = self.advantage_estimator(name, call)
         if credited is not None:
             return credited

@@ -168,6 +168,31 @@ AGGREGATORS = frozenset(
         "masked_average",
     }
 )
+# ``masked_whiten(advantages, mask, shift_mean=False)`` (TRL), ``whiten``,
+# ``masked_normalization`` (AReaL): a batch whitening kllint cannot read.
+WHITENERS = frozenset({"whiten", "masked_whiten", "masked_normalization"})
+
+
+def whitened(values: ir.Node, mask: ir.Node | None, shift_mean: bool) -> ir.Node:
+    """What the frameworks' whitening computes: ``(x - mean) * rsqrt(var +
+    eps)`` over the batch (the mean added back when ``shift_mean`` is off),
+    its statistics as the code that writes them out gives them. Whitened
+    values are weights (advantages, rewards): the mean is detached, as under
+    the ``no_grad`` the frameworks compute it in."""
+
+    def batch_mean(x: ir.Node) -> ir.Node:
+        if mask is None:
+            return ir.Reduce("mean", Axis.ALL, x)
+        masked = ir.Reduce("sum", Axis.ALL, ir.binary("mul", x, mask))
+        return ir.binary("div", masked, ir.Reduce("sum", Axis.ALL, mask))
+
+    mean = ir.detach(batch_mean(values))
+    centred = ir.binary("sub", values, mean)
+    # The batch's spread, a positive scale, kept whole as ``torch.rsqrt(var
+    # + eps)`` written out is: over a large batch, a constant.
+    scale = ir.Opaque("rsqrt(var + eps)")
+    result = ir.binary("mul", centred, scale)
+    return result if shift_mean else ir.binary("add", result, mean)
 
 
 @dataclass
