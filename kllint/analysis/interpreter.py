@@ -1161,7 +1161,7 @@ class Interpreter(Calls):
                 or (
                     alone
                     and (self.no_grad or lowering.decorated_no_grad(ref.node))
-                    and sinks.makes_rewards(ref.name)
+                    and _makes_rewards(ref)
                 )
                 or forms_its_own
             )
@@ -1199,7 +1199,7 @@ class Interpreter(Calls):
                     and (
                         len(self.helper_rewards) > rewards_before
                         or _made_into_rewards(result)
-                        or (sinks.makes_rewards(ref.name) and _added_to_a_reward(result))
+                        or (_makes_rewards(ref) and _added_to_a_reward(result))
                     )
                 )
             )
@@ -1668,6 +1668,14 @@ def _maximised(ref: FuncRef) -> bool:
     if ref.name in ("forward", "__call__") and ref.cls is not None:
         return sinks.names_an_objective(ref.cls.name)
     return sinks.names_an_objective(ref.name)
+
+
+def _makes_rewards(ref: FuncRef) -> bool:
+    """``compute_rewards``; an object called for its rewards, by its class
+    (``KLRewardShaper.__call__``)."""
+    if ref.name in ("forward", "__call__") and ref.cls is not None:
+        return sinks.makes_rewards(ref.cls.name)
+    return sinks.makes_rewards(ref.name)
 
 
 def _called_as(ref: FuncRef, call: cst.Call) -> str:
