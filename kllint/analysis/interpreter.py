@@ -1017,24 +1017,8 @@ class Interpreter(Calls):
     ) -> None:
         """``a, b = value``."""
         for i, element in enumerate(e.value for e in target.elements):
-            if isinstance(value, Seq) and i < len(value.items):
-                item: Value = value.items[i]
-            elif isinstance(value, DictVal) and i < len(value.positional):
-                item = value.items.get(value.positional[i], Unknown(code(element), ("unpacked",)))
-            elif isinstance(value, ir.Node) and not isinstance(value, ir.Opaque):
-                # ``advantages, returns = compute_gae(rewards, ...)``: both carry the rewards.
-                item = value
-            elif isinstance(value, Unknown):
-                item = Unknown(
-                    f"{value.text}[{i}]",
-                    value.names,
-                    value.call,
-                    value.stored,
-                    value.reference_model,
-                    value.logprob_op,
-                    value.detached,
-                )
-            else:
+            item = _unpacked(value, i)
+            if item is None:
                 item = Unknown(code(element), ("unpacked",))
             self.assign(element, item, node)
 
@@ -1668,6 +1652,34 @@ def _maximised(ref: FuncRef) -> bool:
     if ref.name in ("forward", "__call__") and ref.cls is not None:
         return sinks.names_an_objective(ref.cls.name)
     return sinks.names_an_objective(ref.name)
+
+
+def _unpacked(value: Value, i: int) -> Value | None:
+    """The ``i``-th of ``a, b = value``, or None when kllint cannot say."""
+    if isinstance(value, Seq):
+        return value.items[i] if i < len(value.items) else None
+    if isinstance(value, DictVal):
+        return value.items.get(value.positional[i]) if i < len(value.positional) else None
+    if isinstance(value, ir.Node) and not isinstance(value, ir.Opaque):
+        # ``advantages, returns = compute_gae(rewards, ...)``: both carry the rewards.
+        return value
+    if isinstance(value, Unknown):
+        return Unknown(
+            f"{value.text}[{i}]",
+            value.names,
+            value.call,
+            value.stored,
+            value.reference_model,
+            value.logprob_op,
+            value.detached,
+        )
+    if isinstance(value, Choice):
+        # ``return scores, None`` when a flag is off, ``return shaped, kl``
+        # when on: each name takes its element of each branch.
+        items = [(label, _unpacked(option, i)) for label, option in value.options]
+        if all(item is not None for _, item in items):
+            return choice(items)  # type: ignore[arg-type]
+    return None
 
 
 def _makes_rewards(ref: FuncRef) -> bool:
