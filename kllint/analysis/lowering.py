@@ -55,6 +55,8 @@ TENSOR_IDENTITY = frozenset(
         "type",
         "type_as",
         "view_as",
+        # A jagged nested tensor's rows, padded back to [B, T].
+        "to_padded_tensor",
         "expand",
         "expand_as",
         "cuda",
@@ -405,6 +407,18 @@ def _segment_sum(at: TorchCall, receiver: Value, args: Args, kwargs: Kwargs) -> 
         # ``torch.zeros(n).index_add_(0, seg_ids, x)``: the slots start empty.
         return summed
     return at.binary("add", receiver, summed)
+
+
+def _segment_reduce(at: TorchCall, args: Args, kwargs: Kwargs) -> Value | None:
+    """``torch.segment_reduce(x, "sum", lengths=lengths)`` over the flat axis of
+    packed sequences: each sequence's tokens reduced, a reduction over time."""
+    data = args[0] if args else kwargs.get("data")
+    reduce = args[1] if len(args) > 1 else kwargs.get("reduce")
+    if data is None or not (isinstance(reduce, Py) and reduce.value in ("sum", "mean")):
+        return None
+    kind = str(reduce.value)
+    origin = at.origin
+    return at.lift1(data, lambda n: ir.Reduce(kind, Axis.TIME, n, origin=origin))
 
 
 def _has_token_logprob(value: Value) -> bool:
@@ -988,6 +1002,10 @@ ONE_HOT = "one_hot"  # ``F.one_hot(ids, V)``: a token picker over the vocabulary
 
 TORCH_FUNCTIONS: dict[str, FunctionLowering] = {
     "einsum": _einsum,
+    "segment_reduce": _segment_reduce,
+    # ``torch.nested.nested_tensor_from_jagged(values, offsets=cu_seqlens)``:
+    # the flat tokens of packed sequences as one row each.
+    "nested_tensor_from_jagged": lambda at, args, kwargs: args[0] if args else None,
     "bmm": _bmm,
     "xlogy": _xlogy,
     "one_hot": lambda at, args, kwargs: ir.Opaque(ONE_HOT),
