@@ -280,7 +280,9 @@ class Calls(Expressions):
         if isinstance(func.value, cst.Name) and self.mutate(
             func.value.value, method, args, kwargs, call
         ):
-            return Py(None)
+            # A tensor's in-place method returns the tensor
+            # (``return out.index_add_(0, sample_idx, values)``).
+            return self.env[func.value.value] if method in IN_PLACE else Py(None)
         if method == "set" and isinstance(receiver, Unknown) and len(args) == 2:
             # ``data.set("kl", kl)`` (a TensorDict): ``data["kl"] = kl``.
             key = _string_key(args[:1])
