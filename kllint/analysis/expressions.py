@@ -97,6 +97,14 @@ class Expressions(Frame):
 
     def eval_binary(self, expr: cst.BinaryOperation) -> Value:
         op = BINOPS.get(type(expr.operator).__name__)
+        if op == "sub" and _boundary_difference(expr):
+            # ``csum[cu_seqlens[1:]] - csum[cu_seqlens[:-1]]`` of a running sum
+            # over packed tokens: each sequence's sum, a sum over time.
+            whole = self.eval(expr.left.value)  # type: ignore[attr-defined]
+            running = _running_sum(whole)
+            if running is not None:
+                per_sequence = ir.Reduce("sum", ir.Axis.TIME, running.arg, origin=self.origin(expr))
+                return per_sequence if running is whole else ir.detach(per_sequence)
         left, right = self.eval(expr.left), self.eval(expr.right)
         if isinstance(expr.operator, cst.MatrixMultiply):
             summed = lowering.matmul(self.torch_call(expr), left, right)
@@ -699,6 +707,13 @@ class Expressions(Frame):
                 return self.lift1(base, lowering.to_token_level)
         key_value: Value | None = None
         index = expr.slice[0].slice if len(expr.slice) == 1 else None
+        running = _running_sum(base)
+        if running is not None and isinstance(index, cst.Index) and _segment_ends(index.value):
+            # ``csum[last_idx]`` over packed tokens: the running sum at each
+            # sequence's last token, its total (``csum[last_idx][seg_ids]``
+            # spreads it back over the sequence's tokens).
+            total = ir.Reduce("sum", ir.Axis.TIME, running.arg, origin=self.origin(expr))
+            return total if running is base else ir.detach(total)
         if isinstance(index, cst.Index):
             key_value = self.eval(index.value)
             if (
@@ -925,6 +940,70 @@ def _from_settings(value: Value, *, read_with_default: bool = False) -> bool:
         and len(value.names) == 2
         and any(w in selectors.CONFIG_WORDS for w in roles.words(value.names[0]))
     )
+
+
+def _boundary_difference(expr: cst.BinaryOperation) -> bool:
+    """``c[b[1:]] - c[b[:-1]]``, ``c[ends] - c[starts]``: one running sum read
+    at the ends and at the starts of the segments a boundary tensor
+    (``cu_seqlens``) marks."""
+    sides = []
+    for side in (expr.left, expr.right):
+        if not (
+            isinstance(side, cst.Subscript)
+            and len(side.slice) == 1
+            and isinstance(side.value, cst.Name)
+            and isinstance(side.slice[0].slice, cst.Index)
+        ):
+            return False
+        bounds = side.slice[0].slice.value
+        while isinstance(bounds, cst.Call) and isinstance(bounds.func, cst.Attribute):
+            bounds = bounds.func.value  # ``cu_seqlens[1:].long()``
+        sides.append((side.value.value, bounds))
+    (values, ends), (values_again, starts) = sides
+    if values != values_again:
+        return False
+    if isinstance(ends, cst.Subscript) and isinstance(starts, cst.Subscript):
+        return full_code(ends.value) == full_code(starts.value) and full_code(ends) != full_code(
+            starts
+        )
+    return (
+        isinstance(ends, cst.Name)
+        and isinstance(starts, cst.Name)
+        and bool(set(roles.words(ends.value)) & _SEGMENT_ENDS)
+        and bool(set(roles.words(starts.value)) & _SEGMENT_STARTS)
+    )
+
+
+_SEGMENT_ENDS = frozenset({"end", "ends", "stop", "stops"})
+
+
+def _running_sum(value: Value) -> ir.CumSum | None:
+    """A forward, undiscounted running sum (``torch.cumsum(x, 0)``), detached
+    or not."""
+    if isinstance(value, ir.Unary) and value.op == "detach":
+        value = value.arg
+    if isinstance(value, ir.CumSum) and not value.reverse and value.discount is None:
+        return value
+    return None
+
+
+def _segment_ends(index: cst.BaseExpression) -> bool:
+    """``last_idx``, ``seq_ends``, ``cu_seqlens[1:] - 1``: the position of each
+    packed sequence's last token."""
+    while isinstance(index, cst.Call) and isinstance(index.func, cst.Attribute):
+        index = index.func.value  # ``(cu_seqlens[1:] - 1).long()``
+    if isinstance(index, cst.Name):
+        return bool(set(roles.words(index.value)) & (_SEGMENT_ENDS | {"last"}))
+    return (
+        isinstance(index, cst.BinaryOperation)
+        and isinstance(index.operator, cst.Subtract)
+        and int_literal(index.right) == 1
+        and isinstance(index.left, cst.Subscript)
+        and full_code(index.left).endswith("[1:]")
+    )
+
+
+_SEGMENT_STARTS = frozenset({"start", "starts", "begin", "begins"})
 
 
 def _number_setting(expr: cst.BaseExpression) -> bool:

@@ -421,6 +421,13 @@ def _segment_reduce(at: TorchCall, args: Args, kwargs: Kwargs) -> Value | None:
     return at.lift1(data, lambda n: ir.Reduce(kind, Axis.TIME, n, origin=origin))
 
 
+def _pad(at: TorchCall, args: Args, kwargs: Kwargs) -> Value | None:
+    """``F.pad(torch.cumsum(x, 0), (1, 0))``: a running sum with a zero in
+    front, so that ``csum[cu_seqlens[1:]] - csum[cu_seqlens[:-1]]`` sums each
+    packed sequence. The running sum is kept; any other padding stays opaque."""
+    return args[0] if args and isinstance(args[0], ir.CumSum) else None
+
+
 def _has_token_logprob(value: Value) -> bool:
     nodes = [v for _, v in value.options] if isinstance(value, Choice) else [value]
     return any(
@@ -1006,6 +1013,7 @@ TORCH_FUNCTIONS: dict[str, FunctionLowering] = {
     # ``torch.nested.nested_tensor_from_jagged(values, offsets=cu_seqlens)``:
     # the flat tokens of packed sequences as one row each.
     "nested_tensor_from_jagged": lambda at, args, kwargs: args[0] if args else None,
+    "pad": _pad,
     "bmm": _bmm,
     "xlogy": _xlogy,
     "one_hot": lambda at, args, kwargs: ir.Opaque(ONE_HOT),
