@@ -197,6 +197,7 @@ class Calls(Expressions):
                 return value
         if name == "len" and args:
             return ir.Atom(Role.COEFFICIENT, code(call))
+
         if name in ("min", "max") and len(args) >= 2 and not kwargs:
             # ``min(1.0, (step + 1) / cfg.kl_warmup_steps)``: a schedule of
             # numbers is a coefficient (Python's ``min`` of tensors compares
@@ -1088,7 +1089,13 @@ def _rejoined(pieces: Value) -> Value | None:
     """``torch.cat([log_softmax(c) for c in logits.split(k, dim=1)], dim=1)``:
     the chunks of one tensor, each computed alike, joined back: what one chunk
     is, the whole is. Pieces that differ (``cat([chosen, rejected])``) stay
-    opaque."""
+    opaque. A list each branch filled its own way (the returns of
+    ``gamma == 1.0`` or of a discounted loop) is rejoined on each."""
+    if isinstance(pieces, Choice):
+        joined = [(label, _rejoined(option)) for label, option in pieces.options]
+        if all(whole is not None for _, whole in joined):
+            return choice(joined)  # type: ignore[arg-type]
+        return None
     if not isinstance(pieces, Seq) or not pieces.items:
         return None
     first = pieces.items[0]

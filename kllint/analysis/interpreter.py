@@ -524,8 +524,17 @@ class Interpreter(Calls):
         """``chunks = torch.split(x, response_lengths)``: pieces, each what
         ``x`` is, for the loops over them (``zip(chunks, loss_masks)``).
         Unpacked (``chosen, rejected = x.chunk(2)``) the pieces are different
-        rows, which one value cannot stand for: None, as for what is no tensor."""
-        cut = split_tensor(assignment.value)
+        rows, which one value cannot stand for: None, as for what is no tensor.
+        ``list(torch.split(...))`` holds the same pieces."""
+        value = assignment.value
+        if (
+            isinstance(value, cst.Call)
+            and isinstance(value.func, cst.Name)
+            and value.func.value in ("list", "tuple")
+            and len(value.args) == 1
+        ):
+            value = value.args[0].value
+        cut = split_tensor(value)
         if cut is None or not all(isinstance(t.target, cst.Name) for t in assignment.targets):
             return None
         whole = self.eval(cut)
