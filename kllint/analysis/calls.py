@@ -197,7 +197,6 @@ class Calls(Expressions):
                 return value
         if name == "len" and args:
             return ir.Atom(Role.COEFFICIENT, code(call))
-
         if name in ("min", "max") and len(args) >= 2 and not kwargs:
             # ``min(1.0, (step + 1) / cfg.kl_warmup_steps)``: a schedule of
             # numbers is a coefficient (Python's ``min`` of tensors compares
