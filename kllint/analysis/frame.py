@@ -22,7 +22,7 @@ import libcst as cst
 
 from kllint.analysis import ir, roles
 from kllint.analysis.lowering import TorchCall
-from kllint.analysis.module import ClassInfo, ModuleInfo
+from kllint.analysis.module import ClassInfo, ModuleInfo, outside_tests
 from kllint.analysis.project import Project
 from kllint.analysis.sinks import Sink
 from kllint.analysis.values import (
@@ -79,9 +79,8 @@ class FileContext:
         or a bare name, as ``calls`` counts them."""
         if self.calls.get(name):
             return True
-        return (
-            re.search(rf"(?<!def )(?<![\w]){re.escape(name)}\s*\(", self.module.source) is not None
-        )
+        source = outside_tests(self.module.source)
+        return re.search(rf"(?<!def )(?<![\w]){re.escape(name)}\s*\(", source) is not None
 
     def write(self, container: Value, key: str, value: Value) -> None:
         held = _held(container)

@@ -44,7 +44,7 @@ from kllint.analysis.expressions import BINOPS, compare, split_tensor, splits_by
 from kllint.analysis.frame import MAX_DEPTH, FileContext
 from kllint.analysis.gradient import Direction
 from kllint.analysis.ir import Role
-from kllint.analysis.module import ClassInfo, ModuleInfo, dotted_name, names_imported
+from kllint.analysis.module import ClassInfo, ModuleInfo, dotted_name, names_imported, outside_tests
 from kllint.analysis.project import Project
 from kllint.analysis.sinks import Sink
 from kllint.analysis.syntax import (
@@ -1823,6 +1823,7 @@ def called_names(source: str) -> Counter[str]:
     if '"""' in source or "'''" in source:
         # A docstring that shows a call (``self.reward_fn(...)``) calls nothing.
         source = _TRIPLE_QUOTED.sub('""', source)
+    source = outside_tests(source)
     for piece in source.split("(")[:-1]:
         line_start = piece.rfind("\n")
         if line_start >= 0:

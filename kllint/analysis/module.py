@@ -386,6 +386,30 @@ def _class_registry_possible(source: str) -> bool:
     ) and bool(_EMPTY_CLASS_REGISTRY.search(source))
 
 
+_TEST_FUNCTION = re.compile(r"(?m)^([ \t]*)(?:async[ \t]+)?def[ \t]+test\w*[ \t]*\(")
+
+
+def outside_tests(source: str) -> str:
+    """The source without its test functions (``def test_...``): a test that
+    calls a helper on a hand-written batch is not where the helper's values
+    go, so it does not count as a caller."""
+    if "def test" not in source:
+        return source
+    kept: list[str] = []
+    at = 0
+    for header in _TEST_FUNCTION.finditer(source):
+        if header.start() < at:
+            continue  # a test nested in one already cut
+        indent = len(header.group(1))
+        # The block ends at the first later line, not blank and not a
+        # comment, indented no deeper than its header.
+        end = re.compile(rf"\n[ \t\f\v]{{0,{indent}}}(?=[^\s#])").search(source, header.end())
+        kept.append(source[at : header.start()])
+        at = len(source) if end is None else end.start()
+    kept.append(source[at:])
+    return "".join(kept)
+
+
 def decorator_registries(source: str, tree: ast.Module | None = None) -> dict[str, str]:
     """Registries filled by decorators, as the dict literals they amount to.
 
