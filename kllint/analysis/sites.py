@@ -354,22 +354,19 @@ def focus_of(term: ir.Node) -> ir.Node:
             isinstance(node, ir.Binary)
             and node.op in ("add", "sub")
             and _has_reference(node.left) != _has_reference(node.right)
-            and _is_separate_loss(node.right if _has_reference(node.left) else node.left)
+            and _beside_the_kl(node.right if _has_reference(node.left) else node.left)
         ):
-            # A KL reward added to the task score, a value baseline subtracted
-            # (not the policy side of ``logp - ref``, which is the estimate).
-            node = node.left if _has_reference(node.left) else node.right
-        elif (
-            isinstance(node, ir.Binary)
-            and node.op in ("add", "sub")
-            and _has_reference(node.left) != _has_reference(node.right)
-            and _is_offset(node.right if _has_reference(node.left) else node.left)
-        ):
-            # A constraint's slack, ``kl_budget - kl``: the constant moves the
-            # value, not the gradient; the estimate is the KL side.
             node = node.left if _has_reference(node.left) else node.right
         else:
             return node
+
+
+def _beside_the_kl(other: ir.Node) -> bool:
+    """What a sum adds to its KL side that is no part of the estimate: a
+    KL reward's task score, a value baseline subtracted (not the policy side
+    of ``logp - ref``, which is the estimate), or a constraint's budget
+    (``kl_budget - kl``: it moves the value, not the gradient)."""
+    return _is_separate_loss(other) or _is_offset(other)
 
 
 def _is_offset(node: ir.Node) -> bool:
