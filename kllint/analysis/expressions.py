@@ -248,6 +248,9 @@ class Expressions(Frame):
         """``[k3(lp, ref) for lp, ref in zip(logps, ref_logps)]`` over micro-
         batches: like a loop body, the element is evaluated once with the
         loop variables bound to what each row is; one item stands for every row."""
+        entries = self.each_entry(expr)
+        if entries is not None:
+            return entries
         to_go = _sum_from_each_step(expr)
         if to_go is not None:
             # ``[rewards[:, t:].sum(-1) for t in range(T)]``: the reward-to-go at
@@ -274,6 +277,37 @@ class Expressions(Frame):
         item = self.eval(expr.elt)
         self.env = saved
         return Seq([item], appended=True)
+
+    def each_entry(self, expr: cst.ListComp | cst.GeneratorExp) -> Seq | None:
+        """``coefs[name] * value for name, value in losses.items()`` over a dict
+        kllint holds (named losses, weighted from the config): one element per
+        entry, each with its own key and value, as ``sum`` adds them."""
+        loop = expr.for_in
+        target, iterable = loop.target, loop.iter
+        if not (
+            loop.inner_for_in is None
+            and not loop.ifs
+            and isinstance(iterable, cst.Call)
+            and isinstance(iterable.func, cst.Attribute)
+            and iterable.func.attr.value == "items"
+            and not iterable.args
+            and isinstance(target, cst.Tuple)
+            and len(target.elements) == 2
+            and all(isinstance(e.value, cst.Name) for e in target.elements)
+        ):
+            return None
+        held = self.eval(iterable.func.value)
+        if not isinstance(held, DictVal) or not held.items:
+            return None
+        key_name, value_name = (e.value.value for e in target.elements)  # type: ignore[attr-defined]
+        saved = dict(self.env)
+        items = []
+        for key, item in held.items.items():
+            self.env[key_name] = Py(key)
+            self.env[value_name] = item
+            items.append(self.eval(expr.elt))
+        self.env = saved
+        return Seq(items)
 
     def computes_logprobs(self, element: cst.BaseExpression) -> bool:
         """``[response_logprobs(policy, p, r) for p, r in zip(prompts, responses)]``:

@@ -113,6 +113,10 @@ COEFFICIENT_WORDS = frozenset(
         "coef",
         "coeff",
         "coefficient",
+        # A dict of them by loss name (``self.loss_coefs["kl"]``).
+        "coefs",
+        "coeffs",
+        "coefficients",
         "alpha",
         "lam",
         "lambda",
