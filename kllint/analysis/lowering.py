@@ -1010,6 +1010,10 @@ ONE_HOT = "one_hot"  # ``F.one_hot(ids, V)``: a token picker over the vocabulary
 TORCH_FUNCTIONS: dict[str, FunctionLowering] = {
     "einsum": _einsum,
     "segment_reduce": _segment_reduce,
+    # ``torch.distributed.nn.functional.all_reduce(x, group=cp_group)``: the
+    # shards of one sum (a sequence split over context-parallel ranks) added
+    # up, with their gradient: the whole sum.
+    "all_reduce": lambda at, args, kwargs: args[0] if args else None,
     # ``torch.nested.nested_tensor_from_jagged(values, offsets=cu_seqlens)``:
     # the flat tokens of packed sequences as one row each.
     "nested_tensor_from_jagged": lambda at, args, kwargs: args[0] if args else None,
