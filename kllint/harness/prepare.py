@@ -112,6 +112,16 @@ def prepare(term: ir.Node) -> tuple[ir.Node, list[str], set[str]]:
                     narrowing.add(describe(side.reason))
     for name in sorted(narrowing):
         notes.append(f"{name} narrows the mask: taken as 1 (every real token counts)")
+    guards: set[str] = set()
+    for node in term.walk():
+        if isinstance(node, ir.Binary) and _guarded(node) and id(node) not in mapping:
+            mapping[id(node)] = node.left
+            guards.add(f"{node.right.value:g}")  # type: ignore[attr-defined]
+    if guards:
+        notes.append(
+            f"the numerical guard (+ {', '.join(sorted(guards))}) set to 0: "
+            "the exact value it keeps away from log(0)"
+        )
     factors = [n for n in factor_nodes(term) if isinstance(n, ir.Opaque) and id(n) not in mapping]
     for node in factors:
         mapping[id(node)] = ir.Atom(Role.COEFFICIENT, describe(node.reason))
@@ -122,6 +132,22 @@ def prepare(term: ir.Node) -> tuple[ir.Node, list[str], set[str]]:
             "(assumed positive)"
         )
     return (ir.substitute(term, mapping) if mapping else term), notes, set(names)
+
+
+# ``torch.log((probs + eps) / (ref_probs + eps))`` with ``eps=1e-8``: a guard
+# against log(0) that moves an exact zero gradient by about eps.
+GUARD = 1e-4
+
+
+def _guarded(node: ir.Node) -> bool:
+    """``x + eps`` with a tiny positive literal ``eps``."""
+    return (
+        isinstance(node, ir.Binary)
+        and node.op == "add"
+        and isinstance(node.right, ir.Const)
+        and 0 < node.right.value <= GUARD
+        and not isinstance(node.left, ir.Const)
+    )
 
 
 def _mask_like(term: ir.Node) -> set[tuple[object, ...]]:
