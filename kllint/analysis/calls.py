@@ -247,14 +247,26 @@ class Calls(Expressions):
                     description = sinks.backward_description(full_code(call), method)
                     self.add_sink(value, description, True, call, backward=True)
             return Py(None)
-        if _calls_super(func.value) and self.cls is not None:
+        if _calls_super(func.value) and self.cls is not None and method != "__init__":
             # ``pg_loss, metrics = super().compute_loss(logprobs, data)`` in an
             # override: the base class's method, on the same object.
             parent = self.context.project.parent_method(self.cls, self.module, method)
-            if parent is not None:
+            passed = [self.eval(a.value) for a in call.args] if parent is not None else []
+            if parent is not None and (
+                # The object itself always holds something: followed only when
+                # given log-probs, or when the base's method can compute a KL
+                # itself. (A base's ``__init__`` builds the object; a model's
+                # ``super().__init__(config)`` is most of them.)
+                any(map(roles.may_carry_kl, passed))
+                or roles.may_compute_kl(
+                    parent.module, parent.name, parent.cls, self.context.role_patterns
+                )
+            ):
                 this = self.env.get("self")
                 return self.inline(
-                    replace(parent, receiver=this) if isinstance(this, Instance) else parent, call
+                    replace(parent, receiver=this) if isinstance(this, Instance) else parent,
+                    call,
+                    evaluated=passed,
                 )
         receiver = self.eval(func.value)
         if isinstance(receiver, Instance) or (
