@@ -22,7 +22,7 @@ from kllint.analysis.lowering import (
     TENSOR_IDENTITY,
     UNARY,
 )
-from kllint.analysis.module import ClassInfo, ModuleInfo, decorator_names
+from kllint.analysis.module import ClassInfo, ModuleInfo, decorator_names, dotted_name
 from kllint.analysis.project import Project
 from kllint.analysis.syntax import assigned_names, chain_names, code, full_code
 from kllint.analysis.values import (
@@ -68,7 +68,34 @@ class Calls(Expressions):
         kwargs = {a.keyword.value: a.value for a in call.args if a.keyword is not None}
         if isinstance(func, cst.Attribute):
             return self.eval_method_call(call, func, args, kwargs)
+        differentiated = self.differentiated(func)
+        if differentiated is not None:
+            # ``grad(loss_fn)(params, model, batch)``: ``loss_fn`` runs on the
+            # arguments and what it returns is differentiated, a loss.
+            value = self.inline(differentiated, call)
+            description = f"`{code(call)}` (torch.func differentiates it)"
+            if sinks.names_an_objective(differentiated.name):
+                # ``grad(objective)``: a step up the gradient, as its name says.
+                value = self.lift1(value, ir.neg)
+                description += ", maximised (named as an objective)"
+            self.add_sink(value, description, True, call, backward=True)
+            return Unknown(code(call), ("gradients",), call=True, detached=True)
         return self.call_value(self.eval(func), call, args, kwargs)
+
+    def differentiated(self, func: cst.BaseExpression) -> FuncRef | None:
+        """The function ``torch.func.grad(f)`` (or ``grad_and_value``) wraps."""
+        if not (isinstance(func, cst.Call) and func.args and func.args[0].keyword is None):
+            return None
+        name = dotted_name(func.func) or ""
+        head, _, last = name.rpartition(".")
+        if last not in lowering.DIFFERENTIATORS:
+            return None
+        imported = self.module.imports.get(name) if not head else None
+        source = imported.module if imported is not None else head
+        if not source.startswith(lowering.FUNCTIONAL_MODULES):
+            return None
+        wrapped = self.eval(func.args[0].value)
+        return wrapped if isinstance(wrapped, FuncRef) else None
 
     def call_value(
         self,

@@ -44,7 +44,15 @@ from kllint.analysis.expressions import BINOPS, compare, split_tensor, splits_by
 from kllint.analysis.frame import MAX_DEPTH, FileContext
 from kllint.analysis.gradient import Direction
 from kllint.analysis.ir import Role
-from kllint.analysis.module import ClassInfo, ModuleInfo, dotted_name, names_imported, outside_tests
+from kllint.analysis.module import (
+    CALLED_THROUGH,
+    ClassInfo,
+    ModuleInfo,
+    dotted_name,
+    may_transform,
+    names_imported,
+    outside_tests,
+)
 from kllint.analysis.project import Project
 from kllint.analysis.sinks import Sink
 from kllint.analysis.syntax import (
@@ -1824,6 +1832,9 @@ def called_names(source: str) -> Counter[str]:
         # A docstring that shows a call (``self.reward_fn(...)``) calls nothing.
         source = _TRIPLE_QUOTED.sub('""', source)
     source = outside_tests(source)
+    # ``grad(step_terms)(...)``: ``step_terms`` is called there.
+    if may_transform(source):
+        found.update(CALLED_THROUGH.findall(source))
     for piece in source.split("(")[:-1]:
         line_start = piece.rfind("\n")
         if line_start >= 0:

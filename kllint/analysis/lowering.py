@@ -23,6 +23,7 @@ from kllint.analysis.values import (
     HIDDEN,
     Choice,
     Flipped,
+    FuncRef,
     Grouped,
     NodeOf,
     Py,
@@ -170,6 +171,10 @@ AGGREGATORS = frozenset(
         "masked_average",
     }
 )
+# ``torch.func.grad(loss_fn)(params, ...)``: the gradient of what ``loss_fn``
+# returns, as ``.backward()`` takes it.
+DIFFERENTIATORS = frozenset({"grad", "grad_and_value", "vjp"})
+FUNCTIONAL_MODULES = ("torch.func", "functorch")
 # ``masked_whiten(advantages, mask, shift_mean=False)`` (TRL), ``whiten``,
 # ``masked_normalization`` (AReaL): a batch whitening kllint cannot read.
 WHITENERS = frozenset({"whiten", "masked_whiten", "masked_normalization"})
@@ -426,6 +431,17 @@ def _pad(at: TorchCall, args: Args, kwargs: Kwargs) -> Value | None:
     front, so that ``csum[cu_seqlens[1:]] - csum[cu_seqlens[:-1]]`` sums each
     packed sequence. The running sum is kept; any other padding stays opaque."""
     return args[0] if args and isinstance(args[0], ir.CumSum) else None
+
+
+def _wrapped_function(args: Args) -> Value | None:
+    """``torch.compile(loss_fn)``: the same function, compiled. (Not
+    ``vmap(per_sample_loss)``: inside it a full ``.sum()`` is one sample's,
+    which the IR cannot say.) A lambda that calls a loss helper stays opaque:
+    the helper is judged where it is written, once."""
+    wrapped = args[0] if args else None
+    if isinstance(wrapped, FuncRef) and wrapped.name != "lambda":
+        return wrapped
+    return None
 
 
 def _has_token_logprob(value: Value) -> bool:
@@ -1010,6 +1026,7 @@ ONE_HOT = "one_hot"  # ``F.one_hot(ids, V)``: a token picker over the vocabulary
 TORCH_FUNCTIONS: dict[str, FunctionLowering] = {
     "einsum": _einsum,
     "segment_reduce": _segment_reduce,
+    "compile": lambda at, args, kwargs: _wrapped_function(args),
     # ``torch.distributed.nn.functional.all_reduce(x, group=cp_group)``: the
     # shards of one sum (a sequence split over context-parallel ranks) added
     # up, with their gradient: the whole sum.

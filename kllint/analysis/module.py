@@ -861,6 +861,7 @@ def _function_names(source: str, classes: dict[str, list[str]]) -> dict[Function
     never need to parse."""
     found: dict[FunctionKey, FunctionNames] = {}
     open_defs: list[tuple[int, str, FunctionNames | None]] = []  # indent, class name, entry
+    transforms = may_transform(source)
     headers = list(_HEADER.finditer(source))
     for index, header in enumerate(headers):
         indent = len(header.group(1).expandtabs())
@@ -880,6 +881,8 @@ def _function_names(source: str, classes: dict[str, list[str]]) -> dict[Function
         text = source[header.start() : end]
         identifiers = set(_IDENTIFIER.findall(text))
         called = {name[::-1] for name in _CALLED_REVERSED.findall(text[::-1])}
+        if transforms:
+            called.update(TRANSFORMED.findall(text))
         for _, _, entry in open_defs:
             if entry is not None:
                 entry.identifiers |= identifiers
@@ -917,6 +920,25 @@ _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # for that one character first instead of trying a name at every character
 # (20x faster, the same names).
 _CALLED_REVERSED = re.compile(r"\(\s*([A-Za-z0-9_]*[A-Za-z_])")
+
+
+# A function handed to a transform that calls it: ``grad(step_terms)(...)``,
+# ``vmap(per_sample)``, ``partial(loss_func, ...)``.
+def may_transform(source: str) -> bool:
+    """Whether ``TRANSFORMED`` can match: a cheap test of the literal text."""
+    return any(
+        f"{name}(" in source for name in ("grad", "vmap", "compile", "partial", "checkpoint")
+    )
+
+
+TRANSFORMED = re.compile(
+    r"\b(?:grad|grad_and_value|vmap|compile|partial|checkpoint)\(\s*([A-Za-z_][A-Za-z0-9_]*)"
+)
+# Of those, the transforms whose result is called at once and followed
+# (``grad(step_terms)(params, batch)``): ``step_terms`` is called there. A
+# ``partial(loss_func, ...)`` handed to a pipeline schedule is called by the
+# schedule, not by this file.
+CALLED_THROUGH = re.compile(r"\b(?:grad|grad_and_value)\(\s*([A-Za-z_][A-Za-z0-9_]*)")
 
 
 def dotted_name(node: cst.CSTNode | None) -> str | None:
