@@ -39,7 +39,7 @@ def sweep(tmp_path_factory: pytest.TempPathFactory) -> Sweep:
     before = lint_paths([root], settings, jobs=2)
     fixes = fix_result(before, settings, unsafe=True)
     write(fixes)
-    after = lint_paths([root], settings, jobs=1)
+    after = lint_paths([root], settings, jobs=2)
     again = fix_result(after, settings, unsafe=True)
     return Sweep(before, fixes, after, again)
 
