@@ -46,6 +46,7 @@ from kllint.analysis.gradient import Direction
 from kllint.analysis.ir import Role
 from kllint.analysis.module import (
     CALLED_THROUGH,
+    TRIPLE_QUOTED,
     ClassInfo,
     ModuleInfo,
     dotted_name,
@@ -1830,7 +1831,7 @@ def called_names(source: str) -> Counter[str]:
     commented = False  # the line the bracket is on has a ``#`` before it
     if '"""' in source or "'''" in source:
         # A docstring that shows a call (``self.reward_fn(...)``) calls nothing.
-        source = _TRIPLE_QUOTED.sub('""', source)
+        source = TRIPLE_QUOTED.sub('""', source)
     source = outside_tests(source)
     # ``grad(step_terms)(...)``: ``step_terms`` is called there.
     if may_transform(source):
@@ -1860,11 +1861,6 @@ def called_names(source: str) -> Counter[str]:
         ):
             found[piece[start:end]] += 1
     return found
-
-
-_TRIPLE_QUOTED = re.compile(
-    r'(?s)"""(?:[^"\\]|\\.|"(?!""))*"""|\'\'\'(?:[^\'\\]|\\.|\'(?!\'\'))*\'\'\''
-)
 
 
 def _in_word(char: str) -> bool:

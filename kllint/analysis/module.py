@@ -386,6 +386,22 @@ def _class_registry_possible(source: str) -> bool:
     ) and bool(_EMPTY_CLASS_REGISTRY.search(source))
 
 
+# A string in triple quotes (a docstring, a YAML block): group 2 is its body.
+TRIPLE_QUOTED = re.compile(r'(?s)("""|\'\'\')(.*?)\1')
+
+
+def block_end(text: str, indent: int, start: int) -> int:
+    """Where a block whose header is indented ``indent`` and ends at ``start``
+    ends: the newline before the first later line, not blank and not a
+    comment, indented no deeper than its header (``len(text)`` if none)."""
+    pattern = _DEDENT.get(indent)
+    if pattern is None:
+        pattern = _DEDENT[indent] = re.compile(rf"\n[ \t\f\v]{{0,{indent}}}(?=[^\s#])")
+    found = pattern.search(text, start)
+    return len(text) if found is None else found.start()
+
+
+_DEDENT: dict[int, re.Pattern[str]] = {}
 _TEST_FUNCTION = re.compile(r"(?m)^([ \t]*)(?:async[ \t]+)?def[ \t]+test\w*[ \t]*\(")
 
 
@@ -400,12 +416,8 @@ def outside_tests(source: str) -> str:
     for header in _TEST_FUNCTION.finditer(source):
         if header.start() < at:
             continue  # a test nested in one already cut
-        indent = len(header.group(1))
-        # The block ends at the first later line, not blank and not a
-        # comment, indented no deeper than its header.
-        end = re.compile(rf"\n[ \t\f\v]{{0,{indent}}}(?=[^\s#])").search(source, header.end())
         kept.append(source[at : header.start()])
-        at = len(source) if end is None else end.start()
+        at = block_end(source, len(header.group(1)), header.end())
     kept.append(source[at:])
     return "".join(kept)
 

@@ -23,7 +23,15 @@ from pathlib import Path
 import libcst as cst
 
 from kllint.analysis import callers, library
-from kllint.analysis.module import ClassInfo, ModuleInfo, Sketch, parse_module, unparsed
+from kllint.analysis.module import (
+    TRIPLE_QUOTED,
+    ClassInfo,
+    ModuleInfo,
+    Sketch,
+    block_end,
+    parse_module,
+    unparsed,
+)
 from kllint.analysis.values import FuncRef
 
 _SKIP_DIRS = {
@@ -558,7 +566,6 @@ class Project:
 
 
 _LOADS_YAML = re.compile(r"\b(?:OmegaConf\.create|yaml\.(?:safe_)?load)\(")
-_TRIPLE_QUOTED = re.compile(r'(?s)("""|\'\'\')(.*?)\1')
 
 
 def _scan_inline_yaml(text: str, shown: str, defaults: _PackageDefaults) -> None:
@@ -566,7 +573,7 @@ def _scan_inline_yaml(text: str, shown: str, defaults: _PackageDefaults) -> None
     parses (``OmegaConf.create(PIPELINE_YAML)``): its settings, as a YAML
     file's. Docstrings hold prose, not ``key: value`` lines."""
     line_of = _line_numbers(text)
-    for string in _TRIPLE_QUOTED.finditer(text):
+    for string in TRIPLE_QUOTED.finditer(text):
         if text[max(0, string.start() - 200) : string.start()].rstrip()[-1:] not in ("=", "("):
             continue  # not assigned nor passed: a docstring
         body_start = string.start(2)
@@ -650,18 +657,8 @@ def _scan_class_fields(text: str, shown: str, defaults: _PackageDefaults) -> Non
 
 
 def _block_end(lines: str, header: re.Match[str]) -> int:
-    """Where the block a ``class``/``def`` header opens ends: the newline
-    before the first later line, not blank and not a comment, indented no
-    deeper than the header."""
-    indent = len(header.group(1))
-    pattern = _DEDENT.get(indent)
-    if pattern is None:
-        pattern = _DEDENT[indent] = re.compile(rf"\n[ \t\f\v]{{0,{indent}}}(?=[^\s#])")
-    found = pattern.search(lines, header.end())
-    return len(lines) if found is None else found.start()
-
-
-_DEDENT: dict[int, re.Pattern[str]] = {}
+    """Where the block a ``class``/``def`` header opens ends."""
+    return block_end(lines, len(header.group(1)), header.end())
 
 
 def _scan_dict_configs(text: str, shown: str, defaults: _PackageDefaults) -> None:
