@@ -22,7 +22,13 @@ from kllint.analysis.lowering import (
     TENSOR_IDENTITY,
     UNARY,
 )
-from kllint.analysis.module import ClassInfo, ModuleInfo, decorator_names, dotted_name
+from kllint.analysis.module import (
+    DIFFERENTIATORS,
+    ClassInfo,
+    ModuleInfo,
+    decorator_names,
+    dotted_name,
+)
 from kllint.analysis.project import Project
 from kllint.analysis.syntax import assigned_names, chain_names, code, full_code
 from kllint.analysis.values import (
@@ -88,7 +94,7 @@ class Calls(Expressions):
             return None
         name = dotted_name(func.func) or ""
         head, _, last = name.rpartition(".")
-        if last not in lowering.DIFFERENTIATORS:
+        if last not in DIFFERENTIATORS:
             return None
         imported = self.module.imports.get(name) if not head else None
         source = imported.module if imported is not None else head

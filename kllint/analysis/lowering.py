@@ -171,9 +171,8 @@ AGGREGATORS = frozenset(
         "masked_average",
     }
 )
-# ``torch.func.grad(loss_fn)(params, ...)``: the gradient of what ``loss_fn``
-# returns, as ``.backward()`` takes it.
-DIFFERENTIATORS = frozenset({"grad", "grad_and_value", "vjp"})
+# Where ``grad(loss_fn)(params, ...)`` comes from: the gradient of what
+# ``loss_fn`` returns, as ``.backward()`` takes it.
 FUNCTIONAL_MODULES = ("torch.func", "functorch")
 # ``masked_whiten(advantages, mask, shift_mean=False)`` (TRL), ``whiten``,
 # ``masked_normalization`` (AReaL): a batch whitening kllint cannot read.

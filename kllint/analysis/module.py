@@ -934,23 +934,26 @@ _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _CALLED_REVERSED = re.compile(r"\(\s*([A-Za-z0-9_]*[A-Za-z_])")
 
 
-# A function handed to a transform that calls it: ``grad(step_terms)(...)``,
-# ``vmap(per_sample)``, ``partial(loss_func, ...)``.
+# torch.func's transforms that differentiate a function, and with them the
+# others that are handed a function and call it (``vmap(per_sample)``,
+# ``partial(loss_func, ...)``).
+DIFFERENTIATORS = ("grad", "grad_and_value")
+FUNCTION_TRANSFORMS = (*DIFFERENTIATORS, "vmap", "compile", "partial", "checkpoint")
+
+
 def may_transform(source: str) -> bool:
     """Whether ``TRANSFORMED`` can match: a cheap test of the literal text."""
-    return any(
-        f"{name}(" in source for name in ("grad", "vmap", "compile", "partial", "checkpoint")
-    )
+    return any(f"{name}(" in source for name in FUNCTION_TRANSFORMS)
 
 
-TRANSFORMED = re.compile(
-    r"\b(?:grad|grad_and_value|vmap|compile|partial|checkpoint)\(\s*([A-Za-z_][A-Za-z0-9_]*)"
-)
-# Of those, the transforms whose result is called at once and followed
+# The function a transform is handed: called by the function that hands it
+# over, for which functions are read as entries.
+TRANSFORMED = re.compile(rf"\b(?:{'|'.join(FUNCTION_TRANSFORMS)})\(\s*([A-Za-z_][A-Za-z0-9_]*)")
+# The one a differentiator is handed, whose result is called at once
 # (``grad(step_terms)(params, batch)``): ``step_terms`` is called there. A
 # ``partial(loss_func, ...)`` handed to a pipeline schedule is called by the
 # schedule, not by this file.
-CALLED_THROUGH = re.compile(r"\b(?:grad|grad_and_value)\(\s*([A-Za-z_][A-Za-z0-9_]*)")
+CALLED_THROUGH = re.compile(rf"\b(?:{'|'.join(DIFFERENTIATORS)})\(\s*([A-Za-z_][A-Za-z0-9_]*)")
 
 
 def dotted_name(node: cst.CSTNode | None) -> str | None:
