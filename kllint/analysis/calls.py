@@ -1198,14 +1198,8 @@ def _a_number(value: Value) -> bool:
     if isinstance(value, Py):
         return isinstance(value.value, (int, float)) and not isinstance(value.value, bool)
     if isinstance(value, ir.Node):
-        return all(
-            isinstance(node, (ir.Const, ir.Binary, ir.Unary))
-            or (isinstance(node, ir.Atom) and node.role is Role.COEFFICIENT)
-            # A name kllint has no value for; not a call's result, which
-            # may be a tensor (``min(loss, cap)``).
-            or (isinstance(node, ir.Opaque) and "(" not in node.reason)
-            for node in value.walk()
-        )
+        # Not a call's result (``min(loss, cap)``): it may be a tensor.
+        return ir.settings_only(value, unread_names=True)
     if isinstance(value, Unknown):
         return not roles.may_carry_kl(value) and roles.weight_role(
             value.names[-1] if value.names else value.text

@@ -462,6 +462,18 @@ def reaches(node: Node, found: Callable[[Node], bool], stop: Callable[[Node], bo
     return False
 
 
+def settings_only(node: Node, *, unread_names: bool = False) -> bool:
+    """Literals and coefficients, in arithmetic: nothing a gradient flows
+    through. ``unread_names``: also a name kllint has no value for (``step``),
+    not a call's result, which may be a tensor."""
+    return all(
+        isinstance(leaf, (Const, Binary, Unary))
+        or (isinstance(leaf, Atom) and leaf.role is Role.COEFFICIENT)
+        or (unread_names and isinstance(leaf, Opaque) and "(" not in leaf.reason)
+        for leaf in node.walk()
+    )
+
+
 def is_batch_mean(node: Node) -> bool:
     """``sum(x * mask) / sum(mask)`` over the whole batch (a whitening's mean
     and variance): in a detached weight, over a large batch, a constant."""

@@ -373,11 +373,7 @@ def _is_offset(node: ir.Node) -> bool:
     """A setting (``kl_budget``, ``cfg.target_kl``), alone or in arithmetic
     with literals: no log-prob, mask or advantage. A bare literal is not one:
     k3's ``- 1`` belongs to the estimate."""
-    return bool(node.atoms()) and all(
-        isinstance(leaf, (ir.Const, ir.Binary, ir.Unary))
-        or (isinstance(leaf, ir.Atom) and leaf.role is Role.COEFFICIENT)
-        for leaf in node.walk()
-    )
+    return bool(node.atoms()) and ir.settings_only(node)
 
 
 def _written_apart(term: ir.Node, weighted: ir.Binary) -> bool:
