@@ -282,9 +282,12 @@ def _verified(
         e = edit(source, alone)
         outcome = verify.check_module(path, alone, [attempt], analysis.findings, reader, replan)
         if outcome.rewritten is not None:
-            (line, column), (end_line, end_column) = scope.start(p.node), scope.end(p.node)
-            span = ((line, column + 1), (end_line, end_column + 1))
-            outcome = verify.confirm_plan(outcome.rewritten, attempt, e, numeric, analysis, span)
+            span = analysis.places.get(p.node, scope.function_of(p.node))
+            outcome = (
+                verify.confirm_plan(outcome.rewritten, attempt, e, numeric, analysis, span)
+                if span is not None
+                else verify.Outcome("the replaced term has no place in the file")
+            )
         if not outcome.negated:
             break
     return attempt, e, outcome

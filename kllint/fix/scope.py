@@ -5,8 +5,10 @@ completion mask *after* the KL estimate), and a KL computed under
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import libcst as cst
-from libcst.metadata import MetadataWrapper, PositionProvider
+from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 
 Position = tuple[int, int]
 
@@ -27,25 +29,35 @@ class _Parents(cst.CSTVisitor):
 
 
 class Scope:
-    """Parents and positions of one module's nodes (computed once per file)."""
+    """Parents of one module's nodes (computed once per file)."""
 
     def __init__(self, module: cst.Module) -> None:
         self.module = module
-        self.positions = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
         visitor = _Parents()
         module.visit(visitor)
         self.parent = visitor.parent
+        self._ranges: dict[int, Mapping[cst.CSTNode, CodeRange]] = {}
 
     def parent_of(self, node: cst.CSTNode) -> cst.CSTNode | None:
         return self.parent.get(id(node))
 
-    def start(self, node: cst.CSTNode) -> Position:
-        r = self.positions[node]
+    def _start(self, node: cst.CSTNode, fn: cst.FunctionDef) -> Position:
+        r = self._ranges_in(fn)[node]
         return r.start.line, r.start.column
 
-    def end(self, node: cst.CSTNode) -> Position:
-        r = self.positions[node]
+    def _end(self, node: cst.CSTNode, fn: cst.FunctionDef) -> Position:
+        r = self._ranges_in(fn)[node]
         return r.end.line, r.end.column
+
+    def _ranges_in(self, fn: cst.FunctionDef) -> Mapping[cst.CSTNode, CodeRange]:
+        # Positions only order the nodes of one function: computed over that
+        # function's code alone, not the whole module (which costs about twice its parse).
+        if id(fn) not in self._ranges:
+            piece = cst.Module(body=[fn])
+            self._ranges[id(fn)] = MetadataWrapper(piece, unsafe_skip_copy=True).resolve(
+                PositionProvider
+            )
+        return self._ranges[id(fn)]
 
     def function_of(self, node: cst.CSTNode) -> cst.FunctionDef | None:
         current = self.parent_of(node)
@@ -113,8 +125,8 @@ class Scope:
         ]
         if root in names:
             return True
-        here = self.start(self.statement_of(node))
-        bindings = [self.start(n) for n in _bindings(fn, root)]
+        here = self._start(self.statement_of(node), fn)
+        bindings = [self._start(n, fn) for n in _bindings(fn, root)]
         if bindings:
             return any(b < here for b in bindings)
         # Not bound in the function: a module-level name (an import, a
@@ -153,10 +165,10 @@ class Scope:
         fn = self.function_of(node)
         if fn is None:
             return []
-        after = self.end(self.statement_of(node))
+        after = self._end(self.statement_of(node), fn)
         stores = {id(n) for n in _bindings(fn, name)}
-        found = [n for n in _names(fn, name) if id(n) not in stores and self.start(n) >= after]
-        return sorted(found, key=self.start)
+        found = [n for n in _names(fn, name) if id(n) not in stores and self._start(n, fn) >= after]
+        return sorted(found, key=lambda n: self._start(n, fn))
 
 
 _CASTS = frozenset({"int", "float", "bool", "long", "half", "bfloat16", "double", "to", "type"})
