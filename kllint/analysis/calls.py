@@ -4,7 +4,6 @@ values kllint cannot compute, of ``.backward()`` (a sink)."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -26,7 +25,6 @@ from kllint.analysis.module import (
     DIFFERENTIATORS,
     ClassInfo,
     ModuleInfo,
-    decorator_names,
     dotted_name,
 )
 from kllint.analysis.project import Project
@@ -376,7 +374,7 @@ class Calls(Expressions):
         if isinstance(receiver, Unknown):
             if receiver.names == ("self",) and self.self_class is not None:
                 found = self.context.project.method(*self.self_class, method)
-                if found is not None and _is_property(found):
+                if found is not None and found.is_property:
                     # ``self.kl_fn(logp, ref)`` with ``@property def kl_fn``:
                     # the property gives the function that is called.
                     given = self.inline(found, cst.Call(func=call.func))
@@ -1063,18 +1061,6 @@ def _differentiable_kl(value: Value) -> bool:
         and value.has_role(Role.REFERENCE_LOGP)
         and ir.depends_on_policy(value)
     )
-
-
-def _is_property(ref: FuncRef) -> bool:
-    """A ``@property`` (or ``cached_property``), told from the text while the
-    method is not parsed: a lookup must not parse what it does not follow."""
-    if ref.parsed:
-        return bool(decorator_names(ref.node) & {"property", "cached_property"})
-    source = ref.module.source
-    if "property" not in source:
-        return False
-    pattern = rf"@(?:\w+\.)*(?:cached_)?property[ \t]*\n(?:[ \t]*@.*\n)*[ \t]*(?:async[ \t]+)?def[ \t]+{re.escape(ref.name)}\b"
-    return re.search(pattern, source) is not None
 
 
 def _record_class(cls: ClassInfo) -> bool:

@@ -443,6 +443,9 @@ class Expressions(Frame):
             if attr in attrs:
                 return attrs[attr]
             method = self.context.project.method(base.cls, base.module, attr)
+            if method is not None and method.is_property:
+                # ``mb.ref_log_ratio`` with ``@cached_property def ref_log_ratio``.
+                return self.inline(replace(method, receiver=base), cst.Call(func=expr))
             if method is not None:
                 return replace(method, receiver=base)
             if base.unbuilt and self.cls is base.cls:
@@ -486,6 +489,9 @@ class Expressions(Frame):
             constant = selectors.class_setting(self.context.project, *self.self_class, attr)
             if constant is not None:
                 return constant
+            method = self.context.project.method(*self.self_class, attr)
+            if method is not None and method.is_property:
+                return self.inline(method, cst.Call(func=expr))
         if isinstance(base, (ir.Node, Choice)) and not isinstance(base, ir.Opaque):
             lowered = lowering.tensor_attribute(self.torch_call(expr), attr, base)
             return lowered if lowered is not None else Unknown(code(expr), (attr,))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import itertools
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import cast
@@ -21,7 +22,7 @@ from typing import cast
 import libcst as cst
 
 from kllint.analysis import ir
-from kllint.analysis.module import ClassInfo, ModuleInfo, Unparsed
+from kllint.analysis.module import ClassInfo, ModuleInfo, Unparsed, decorator_names
 
 MAX_OPTIONS = 16
 
@@ -186,6 +187,21 @@ class FuncRef:
     @property
     def parsed(self) -> bool:
         return not (isinstance(self.definition, Unparsed) and not self.definition.parsed)
+
+    @property
+    def is_property(self) -> bool:
+        """A ``@property`` (or ``cached_property``), told from the text while
+        the method is not parsed: a lookup must not parse what it does not follow."""
+        if self.parsed:
+            return bool(decorator_names(self.node) & {"property", "cached_property"})
+        source = self.module.source
+        if "property" not in source:
+            return False
+        pattern = (
+            r"@(?:\w+\.)*(?:cached_)?property[ \t]*\n(?:[ \t]*@.*\n)*[ \t]*"
+            rf"(?:async[ \t]+)?def[ \t]+{re.escape(self.name)}\b"
+        )
+        return re.search(pattern, source) is not None
 
 
 Value = ir.Node | Py | Choice | Seq | DictVal | Flipped | Grouped | Unknown | FuncRef | Instance
