@@ -1070,8 +1070,12 @@ def _record_class(cls: ClassInfo) -> bool:
 
 
 def _has_methods(cls: ClassInfo) -> bool:
-    """Methods of its own besides dunders (``__post_init__``, ``__repr__``)."""
-    return any(not (name.startswith("__") and name.endswith("__")) for name in cls.methods)
+    """Methods of its own besides dunders (``__post_init__``, ``__repr__``),
+    or ``__call__``: an object called (a reward shaper) is more than a record."""
+    return any(
+        name == "__call__" or not (name.startswith("__") and name.endswith("__"))
+        for name in cls.methods
+    )
 
 
 def _callable_class(project: Project, cls: ClassInfo, module: ModuleInfo) -> bool:

@@ -614,11 +614,19 @@ class Expressions(Frame):
         # Literals, settings, and parameters of ``__init__`` (a temperature)
         # kllint cannot read: nothing that carries a KL term.
         arguments = self.eval_in_init(init, [a.value for a in call.args])
-        if not all(
-            isinstance(v, (Py, ir.Const))
-            or (isinstance(v, Unknown) and (not v.call or _setting_read(a.value)))
-            for a, v in zip(call.args, arguments)
-        ):
+
+        def inert(v: Value, setting: bool) -> bool:
+            # Literals, coefficients (``self.args.beta``), settings, and a
+            # choice between them (``self.args = args or Args()``).
+            if isinstance(v, Choice):
+                return all(inert(option, setting) for _, option in v.options)
+            return (
+                isinstance(v, Py)
+                or (isinstance(v, ir.Node) and ir.settings_only(v))
+                or (isinstance(v, Unknown) and (not v.call or setting))
+            )
+
+        if not all(inert(v, _setting_read(a.value)) for a, v in zip(call.args, arguments)):
             return None
         return self.instantiate(found[0], found[1], call, arguments)
 
@@ -1096,15 +1104,18 @@ def _init_assignments(init: cst.FunctionDef) -> dict[str, list[cst.BaseExpressio
         if not isinstance(statement, cst.SimpleStatementLine):
             continue
         for small in statement.body:
-            if not isinstance(small, cst.Assign) or len(small.targets) != 1:
+            if isinstance(small, cst.Assign) and len(small.targets) == 1:
+                target, value = small.targets[0].target, small.value
+            elif isinstance(small, cst.AnnAssign) and small.value is not None:
+                target, value = small.target, small.value  # ``self.shaper: Shaper = ...``
+            else:
                 continue
-            target = small.targets[0].target
             if (
                 isinstance(target, cst.Attribute)
                 and isinstance(target.value, cst.Name)
                 and target.value.value == "self"
             ):
-                table.setdefault(target.attr.value, []).append(small.value)
+                table.setdefault(target.attr.value, []).append(value)
     _INIT_ASSIGNMENTS[id(init)] = (init, table)
     return table
 

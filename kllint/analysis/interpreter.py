@@ -62,6 +62,7 @@ from kllint.analysis.syntax import (
     descendants,
     full_code,
     named_params,
+    returned_names,
     string_key,
 )
 from kllint.analysis.values import (
@@ -1702,10 +1703,14 @@ def _unpacked(value: Value, i: int) -> Value | None:
 
 def _makes_rewards(ref: FuncRef) -> bool:
     """``compute_rewards``; an object called for its rewards, by its class
-    (``KLRewardShaper.__call__``)."""
+    (``KLRewardShaper.__call__``); a function that returns what it names
+    rewards (``return rewards``)."""
     if ref.name in ("forward", "__call__") and ref.cls is not None:
-        return sinks.makes_rewards(ref.cls.name)
-    return sinks.makes_rewards(ref.name)
+        if sinks.makes_rewards(ref.cls.name):
+            return True
+    elif sinks.makes_rewards(ref.name):
+        return True
+    return any(sinks.makes_rewards(name) for name in returned_names(ref.node))
 
 
 def _called_as(ref: FuncRef, call: cst.Call) -> str:

@@ -345,7 +345,7 @@ def _self_attributes(module: ModuleInfo, cls: ClassInfo) -> tuple[Counter[str], 
     key = (module.path, cls.name)
     known = _SELF_ATTRIBUTES.get(key)
     if known is None:
-        text = _class_text(module, cls)
+        text = _ANNOTATION.sub(r"\1 =", _class_text(module, cls))
         known = _SELF_ATTRIBUTES[key] = (
             Counter(_ASSIGNED.findall(text)),
             frozenset(_BUILT.findall(text)),
@@ -384,6 +384,8 @@ _ASSIGNED = re.compile(r"self\.(\w+)\s*(?:[-+*/]?=)(?!=)")
 # ``self.kl = KLLoss(...)``, or a class picked from a registry and built
 # (``self.kl_fn = KL_MODULES[cfg.kl_estimator]()``).
 _BUILT = re.compile(r"self\.(\w+)\s*=\s*\(?\s*[A-Z]\w*\s*(?:\[[^\]\n]*\]\s*)?\(")
+# ``self.shaper: RewardShaper = KLShaper(...)`` reads as ``self.shaper = KLShaper(...)``.
+_ANNOTATION = re.compile(r"(?m)^([ \t]*self\.\w+)[ \t]*:[^=\n]+=(?!=)")
 _SELF_ATTRIBUTES: dict[tuple[Path, str], tuple[Counter[str], frozenset[str]]] = {}
 
 

@@ -105,6 +105,30 @@ def named_params(fn: cst.FunctionDef) -> list[cst.Param]:
     return [*params.posonly_params, *params.params, *params.kwonly_params]
 
 
+def returned_names(fn: cst.FunctionDef) -> list[str]:
+    """The names a function's own ``return`` statements give back, alone or
+    in a tuple (``return rewards``, ``return reward, kl.sum(-1)``); not those
+    of the functions and classes nested in it."""
+    found: list[str] = []
+    stack: list[cst.CSTNode] = [fn.body]
+    while stack:
+        current = stack.pop()
+        if isinstance(current, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+            continue
+        if isinstance(current, cst.Return):
+            value = current.value
+            items = value.elements if isinstance(value, cst.Tuple) else [value]
+            for item in items:
+                item_value = item.value if isinstance(item, cst.Element) else item
+                if isinstance(item_value, cst.Name):
+                    found.append(item_value.value)
+            continue
+        if isinstance(current, cst.BaseExpression):
+            continue  # a return is a statement: no need to look inside expressions
+        stack.extend(children(current))
+    return found
+
+
 def descendants(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
     """The node and every node below it. Read from the nodes' fields:
     LibCST's ``children`` runs a visitor over each node, a tenth of a parse
