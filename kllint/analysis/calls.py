@@ -383,8 +383,47 @@ class Calls(Expressions):
                     return Unknown(code(call), (method,), call=True)
                 if found is not None:
                     return self.inline(found, call)
+            owned = self.method_of_a_local(func.value, receiver, method)
+            if owned is not None:
+                return self.inline(owned, call)
             return self.unknown_method(call, method, receiver, args, kwargs)
         return Unknown(code(call), (method,), call=True)
+
+    def method_of_a_local(
+        self, expr: cst.BaseExpression, receiver: Unknown, method: str
+    ) -> FuncRef | None:
+        """``maker.advantages_from(...)`` on a parameter kllint was not given:
+        the method of the class its annotation names (``maker: ExperienceMaker``),
+        else of the one class of this file that defines a method so named.
+        Not a tensor's method (``x.mean()``), whatever the file defines, nor
+        a loss."""
+        if (
+            not isinstance(expr, cst.Name)
+            or expr.value == "self"
+            or receiver.names != (expr.value,)
+            or method in lowering.TENSOR_METHODS
+            or method.startswith("__")
+        ):
+            return None
+        project = self.context.project
+        annotation = (
+            selectors.annotation_of(self.function_node, expr.value)
+            if isinstance(self.function_node, cst.FunctionDef)
+            else None
+        )
+        if isinstance(annotation, cst.Name) and annotation.value[:1].isupper():
+            found = project.class_named(annotation.value, self.module)
+            ref = project.method(*found, method) if found is not None else None
+        else:
+            owners = [c for c in self.module.classes.values() if method in c.methods]
+            ref = project.method(owners[0], self.module, method) if len(owners) == 1 else None
+        if ref is not None and sinks.is_loss_function(
+            method, ref.cls.name if ref.cls else None, self.context.calls, selects=False
+        ):
+            # ``trainer.actor_loss(...)``: a loss is judged where it is
+            # defined, as an entry; followed here it would be reported twice.
+            return None
+        return ref
 
     def autograd_function(self, receiver: cst.BaseExpression, call: cst.Call) -> Value | None:
         """``FusedKL.apply(logp, ref)``, a ``torch.autograd.Function`` of the

@@ -22,7 +22,7 @@ import libcst as cst
 
 from kllint.analysis import ir, roles
 from kllint.analysis.lowering import TorchCall
-from kllint.analysis.module import ClassInfo, ModuleInfo, outside_tests
+from kllint.analysis.module import TRIPLE_QUOTED, ClassInfo, ModuleInfo, outside_tests
 from kllint.analysis.project import Project
 from kllint.analysis.sinks import Sink
 from kllint.analysis.values import (
@@ -77,10 +77,13 @@ class FileContext:
         """Whether the file calls ``name`` through any receiver
         (``self.experience_maker.make_returns(...)``), not only as ``self.name``
         or a bare name, as ``calls`` counts them."""
-        if self.calls.get(name):
-            return True
-        source = outside_tests(self.module.source)
-        return re.search(rf"(?<!def )(?<![\w]){re.escape(name)}\s*\(", source) is not None
+        return bool(self.calls.get(name)) or self.calls_through_any(name) > 0
+
+    def calls_through_any(self, name: str) -> int:
+        """How many calls of ``name`` the file writes, through any receiver
+        (a docstring that shows a call calls nothing)."""
+        source = TRIPLE_QUOTED.sub('""', outside_tests(self.module.source))
+        return len(re.findall(rf"(?<!def )(?<![\w]){re.escape(name)}\s*\(", source))
 
     def write(self, container: Value, key: str, value: Value) -> None:
         held = _held(container)

@@ -1179,14 +1179,23 @@ class Interpreter(Calls):
             # sequence k2): what the caller makes of it (``pg_loss - beta *
             # self.sequence_kl_loss(...)``) is the caller's to answer for.
             site.reported_by_helper = False
-        once = (
+        here = (
             self.call_site is None
             and ref.module is self.context.module
             and self.module is self.context.module
-            and self.context.calls[_called_as(ref, call)] == 1
+        )
+        called_as = _called_as(ref, call)
+        once = here and self.context.calls[called_as] == 1
+        # ``maker.advantages_from(...)``, a method of a parameter's class: the
+        # one call of that name in the file, through whatever receiver.
+        once_through_any = here and (
+            once
+            or (
+                not self.context.calls[called_as] and self.context.calls_through_any(called_as) == 1
+            )
         )
         if (
-            once
+            once_through_any
             and not in_place
             and result is not None
             and len(self.context.sinks) == sinks_before
