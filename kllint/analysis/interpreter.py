@@ -1035,10 +1035,24 @@ class Interpreter(Calls):
         self, target: cst.Tuple | cst.List, value: Value, node: cst.CSTNode
     ) -> None:
         """``a, b = value``."""
-        for i, element in enumerate(e.value for e in target.elements):
+        elements = [e.value for e in target.elements]
+        # ``policy, ref_policy = get_policy_and_ref(...)``: where the code names
+        # one element as the reference, the others are not, whatever the call is named.
+        named_reference = isinstance(value, Unknown) and any(
+            isinstance(e, cst.Name) and roles.has_words(e.value, roles.REFERENCE_WORDS)
+            for e in elements
+        )
+        for i, element in enumerate(elements):
             item = _unpacked(value, i)
             if item is None:
                 item = Unknown(code(element), ("unpacked",))
+            elif (
+                named_reference
+                and isinstance(item, Unknown)
+                and isinstance(element, cst.Name)
+                and not roles.reference_evidence(element.value)
+            ):
+                item = replace(item, names=(element.value,), reference_model=False)
             self.assign(element, item, node)
 
     def inline(
