@@ -254,6 +254,15 @@ OPAQUE_FUNCTIONS = frozenset(
 )
 
 
+def keeps_the_time_axis(pattern: str) -> bool:
+    """An einops ``rearrange`` pattern (``"(b g) t -> b g t"``) that regroups
+    the leading axes and leaves the last one, time, last: the same values,
+    with their gradient, as ``view`` gives them."""
+    source, arrow, target = pattern.partition("->")
+    last_in, last_out = source.split()[-1:], target.split()[-1:]
+    return bool(arrow) and last_in == last_out and last_in[0].isidentifier()
+
+
 def namespace(module: str, level: int) -> str | None:
     """``"torch"`` for torch and its submodules, ``"no-autograd"`` for NumPy &
     co., None for anything else (a module of the project)."""
@@ -988,7 +997,9 @@ def _einsum(at: TorchCall, args: Args, kwargs: Kwargs) -> Value | None:
         return None
     if len(subscripts[0]) == 3 and has_distribution(product):
         return at.lift1(product, lambda n: vocabulary_expectation("sum", n, at.origin))
-    if len(subscripts[0]) == 2:
+    if len(subscripts[0]) == 2 or (len(subscripts[0]) == 3 and not has_distribution(product)):
+        # ``bt->b``; ``bgt->bg`` of log-probs grouped by prompt (``[B, G, T]``),
+        # the last axis time as in ``view(-1, G, T)``.
         return at.lift1(product, lambda n: ir.Reduce("sum", Axis.TIME, n, origin=at.origin))
     return None
 
