@@ -444,8 +444,12 @@ class Expressions(Frame):
                 return attrs[attr]
             method = self.context.project.method(base.cls, base.module, attr)
             if method is not None and method.is_property:
-                # ``mb.ref_log_ratio`` with ``@cached_property def ref_log_ratio``.
-                return self.inline(replace(method, receiver=base), cst.Call(func=expr))
+                # ``mb.ref_log_ratio`` with ``@cached_property def ref_log_ratio``;
+                # most properties (a model's ``device``) can change no verdict.
+                bound_method = replace(method, receiver=base)
+                if not self.may_matter(bound_method, {}):
+                    return Unknown(code(expr), (attr,))
+                return self.inline(bound_method, cst.Call(func=expr))
             if method is not None:
                 return replace(method, receiver=base)
             if base.unbuilt and self.cls is base.cls:

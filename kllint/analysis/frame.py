@@ -271,6 +271,11 @@ class Frame:
     ) -> Value:
         raise NotImplementedError
 
+    def may_matter(
+        self, ref: FuncRef, bound: dict[str, Value], given: Sequence[Value] = ()
+    ) -> bool:
+        raise NotImplementedError
+
     def bind_loop_target(
         self,
         target: cst.BaseAssignTargetExpression,
