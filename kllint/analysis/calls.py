@@ -681,15 +681,9 @@ class Calls(Expressions):
             partial = self.partial(args, kwargs)
             if partial is not None:
                 return partial
-        if (
-            module.split(".")[0] == "einops"
-            and name == "rearrange"
-            and len(args) >= 2
-            and isinstance(args[1].value, cst.SimpleString)
-            and isinstance(pattern := args[1].value.evaluated_value, str)
-            and lowering.keeps_the_time_axis(pattern)
-        ):
-            return self.eval(args[0].value)
+        if len(args) >= 2 and isinstance(args[1].value, cst.SimpleString):
+            if lowering.is_einops_view(module, name, args[1].value.evaluated_value):
+                return self.eval(args[0].value)
         namespace = lowering.namespace(module, level)
         if namespace == "no-autograd":
             return Unknown(code(call), (name,), call=True, numpy=True)

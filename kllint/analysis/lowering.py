@@ -254,10 +254,12 @@ OPAQUE_FUNCTIONS = frozenset(
 )
 
 
-def keeps_the_time_axis(pattern: str) -> bool:
-    """An einops ``rearrange`` pattern (``"(b g) t -> b g t"``) that regroups
-    the leading axes and leaves the last one, time, last: the same values,
-    with their gradient, as ``view`` gives them."""
+def is_einops_view(module: str, name: str, pattern: object) -> bool:
+    """``einops.rearrange(x, "(b g) t -> b g t")``: a pattern that regroups the
+    leading axes and leaves the last one, time, last gives ``x``'s values,
+    with their gradient, as ``view`` does."""
+    if module.split(".")[0] != "einops" or name != "rearrange" or not isinstance(pattern, str):
+        return False
     source, arrow, target = pattern.partition("->")
     last_in, last_out = source.split()[-1:], target.split()[-1:]
     return bool(arrow) and last_in == last_out and last_in[0].isidentifier()
