@@ -389,6 +389,16 @@ class Calls(Expressions):
             return self.unknown_method(call, method, receiver, args, kwargs)
         return Unknown(code(call), (method,), call=True)
 
+    def annotated_class(
+        self, name: str, fn: cst.FunctionDef
+    ) -> tuple[ClassInfo, ModuleInfo] | None:
+        """The class of the project a parameter's annotation names
+        (``maker: ExperienceMaker``)."""
+        annotation = selectors.annotation_of(fn, name)
+        if not (isinstance(annotation, cst.Name) and annotation.value[:1].isupper()):
+            return None
+        return self.context.project.class_named(annotation.value, self.module)
+
     def method_of_a_local(
         self, expr: cst.BaseExpression, receiver: Unknown, method: str
     ) -> FuncRef | None:
@@ -406,14 +416,13 @@ class Calls(Expressions):
         ):
             return None
         project = self.context.project
-        annotation = (
-            selectors.annotation_of(self.function_node, expr.value)
+        annotated = (
+            self.annotated_class(expr.value, self.function_node)
             if isinstance(self.function_node, cst.FunctionDef)
             else None
         )
-        if isinstance(annotation, cst.Name) and annotation.value[:1].isupper():
-            found = project.class_named(annotation.value, self.module)
-            ref = project.method(*found, method) if found is not None else None
+        if annotated is not None:
+            ref = project.method(*annotated, method)
         else:
             owners = [c for c in self.module.classes.values() if method in c.methods]
             ref = project.method(owners[0], self.module, method) if len(owners) == 1 else None

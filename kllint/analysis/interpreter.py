@@ -187,10 +187,7 @@ class Interpreter(Calls):
         of that class; calling it runs the class's code. Its ``__init__``
         is not run: what it was built with is the caller's, and its
         settings are read as ``__init__`` gives them by default."""
-        annotation = selectors.annotation_of(fn, name)
-        if not (isinstance(annotation, cst.Name) and annotation.value[:1].isupper()):
-            return None
-        found = self.context.project.class_named(annotation.value, self.module)
+        found = self.annotated_class(name, fn)
         if found is None or not any(
             self.context.project.method(found[0], found[1], method) is not None
             for method in ("__call__", "forward")
