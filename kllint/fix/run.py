@@ -103,7 +103,7 @@ def _fix_file(
             _refuse(finding, out, "the finding carries no KL site to rewrite")
             continue
         targets.append(t)
-    scope = Scope(analysis.module)
+    scope = Scope(analysis.module, analysis.places)
     reported = {id(twin): f for f in findings if (twin := mine.get((f.code, f.line, f.column)))}
     groups: dict[int, list[Target]] = {}  # one fix per bug: findings of one estimate together
     for t in targets:

@@ -5,10 +5,9 @@ completion mask *after* the KL estimate), and a KL computed under
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 import libcst as cst
-from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
+
+from kllint.driver import Places
 
 Position = tuple[int, int]
 
@@ -31,33 +30,29 @@ class _Parents(cst.CSTVisitor):
 class Scope:
     """Parents of one module's nodes (computed once per file)."""
 
-    def __init__(self, module: cst.Module) -> None:
+    def __init__(self, module: cst.Module, places: Places) -> None:
         self.module = module
+        # Where the nodes are, from the analysis's own positions (computed
+        # per function, as its findings are placed): they order a function's names.
+        self.places = places
         visitor = _Parents()
         module.visit(visitor)
         self.parent = visitor.parent
-        self._ranges: dict[int, Mapping[cst.CSTNode, CodeRange]] = {}
 
     def parent_of(self, node: cst.CSTNode) -> cst.CSTNode | None:
         return self.parent.get(id(node))
 
     def _start(self, node: cst.CSTNode, fn: cst.FunctionDef) -> Position:
-        r = self._ranges_in(fn)[node]
-        return r.start.line, r.start.column
+        return self._place(node, fn)[0]
 
     def _end(self, node: cst.CSTNode, fn: cst.FunctionDef) -> Position:
-        r = self._ranges_in(fn)[node]
-        return r.end.line, r.end.column
+        return self._place(node, fn)[1]
 
-    def _ranges_in(self, fn: cst.FunctionDef) -> Mapping[cst.CSTNode, CodeRange]:
-        # Positions only order the nodes of one function: computed over that
-        # function's code alone, not the whole module (which costs about twice its parse).
-        if id(fn) not in self._ranges:
-            piece = cst.Module(body=[fn])
-            self._ranges[id(fn)] = MetadataWrapper(piece, unsafe_skip_copy=True).resolve(
-                PositionProvider
-            )
-        return self._ranges[id(fn)]
+    def _place(self, node: cst.CSTNode, fn: cst.FunctionDef) -> tuple[Position, Position]:
+        place = self.places.get(node, fn)
+        if place is None:
+            raise KeyError(node)  # not a node of this module
+        return place
 
     def function_of(self, node: cst.CSTNode) -> cst.FunctionDef | None:
         current = self.parent_of(node)
