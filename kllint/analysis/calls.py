@@ -691,8 +691,20 @@ class Calls(Expressions):
             if partial is not None:
                 return partial
         if len(args) >= 2 and isinstance(args[1].value, cst.SimpleString):
-            if lowering.is_einops_view(module, name, args[1].value.evaluated_value):
-                return self.eval(args[0].value)
+            pattern = args[1].value.evaluated_value
+            if lowering.is_einops_view(module, name, pattern):
+                return lowering.einops_rearranged(str(pattern), self.eval(args[0].value))
+            how = kwargs.get("reduction", args[2].value if len(args) > 2 else None)
+            if module.split(".")[0] == "einops" and name == "reduce" and how is not None:
+                reduction = self.eval(how)
+                reduced = lowering.einops_reduced(
+                    self.torch_call(call),
+                    str(pattern),
+                    reduction.value if isinstance(reduction, Py) else None,
+                    self.eval(args[0].value),
+                )
+                if reduced is not None:
+                    return reduced
         namespace = lowering.namespace(module, level)
         if namespace == "no-autograd":
             return Unknown(code(call), (name,), call=True, numpy=True)

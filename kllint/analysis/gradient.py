@@ -221,8 +221,11 @@ def _reduced(node: ir.Reduce, point: _Point, memo: Memo, detached: bool) -> tupl
         # does not depend on r.
         if node.kind == "mean":
             return [Dual.const(_WEIGHT, n)], False
-        own = [_total(values)] if per_token else values
-        return [Dual(d.value + _WEIGHT, d.grad) for d in own], False
+        # Over the samples only (``returns.sum(dim=1)`` of ``[B, G, T]``),
+        # each token's own value; over everything, the sample's total.
+        by_token = per_token and node.axis is Axis.BATCH
+        own = values if by_token or not per_token else [_total(values)]
+        return [Dual(d.value + _WEIGHT, d.grad) for d in own], by_token
     if node.axis is Axis.BATCH or not per_token:
         return values, per_token
     weights = [1.0] * len(values)

@@ -255,14 +255,54 @@ OPAQUE_FUNCTIONS = frozenset(
 
 
 def is_einops_view(module: str, name: str, pattern: object) -> bool:
-    """``einops.rearrange(x, "(b g) t -> b g t")``: a pattern that regroups the
-    leading axes and leaves the last one, time, last gives ``x``'s values,
-    with their gradient, as ``view`` does."""
+    """``einops.rearrange(x, "(b g) t -> b g t")``: a pattern that regroups
+    the other axes and puts time last (also from a time-major ``"t (b g)"``)
+    gives ``x``'s values, with their gradient, as ``view`` does."""
     if module.split(".")[0] != "einops" or name != "rearrange" or not isinstance(pattern, str):
         return False
     source, arrow, target = pattern.partition("->")
-    last_in, last_out = source.split()[-1:], target.split()[-1:]
-    return bool(arrow) and last_in == last_out and last_in[0].isidentifier()
+    last_out = target.split()[-1:]
+    return (
+        bool(arrow)
+        and bool(last_out)
+        and last_out[0].isidentifier()
+        and (last_out[0] in source.split())
+    )
+
+
+def einops_reduced(at: TorchCall, pattern: str, reduction: object, value: Value) -> Value | None:
+    """``einops.reduce(x, "b g t -> b g", "sum")``: a sum or mean over the
+    axes the pattern drops, the last of its input being time (as for
+    ``x.sum(dim)``); None for another reduction or a pattern not of plain
+    axes."""
+    source, arrow, target = (side.split() for side in pattern.partition("->"))
+    axes = source + target
+    if not arrow or reduction not in ("sum", "mean") or not all(a.isidentifier() for a in axes):
+        return None
+    kind = str(reduction)
+    dropped = [i for i, a in enumerate(source) if a not in target]
+    if not dropped or not set(target) <= set(source):
+        return value if not dropped else None
+    time = len(source) - 1 in dropped
+    if len(source) == 3:
+        grouped = _view_as_groups(value)
+        if isinstance(grouped, Grouped):
+            if len(dropped) == 1:
+                return _reduce_grouped_tokens(kind, grouped, Py(dropped[0]), at.origin)
+            if time:
+                return ir.Reduce(kind, Axis.TIME, grouped.node, origin=at.origin)
+    reduced = Axis.BATCH if not time else Axis.TIME if len(dropped) < len(source) else Axis.ALL
+    return at.lift1(value, lambda n: ir.Reduce(kind, reduced, n, origin=at.origin))
+
+
+def einops_rearranged(pattern: str, value: Value) -> Value:
+    """What a view by ``einops.rearrange`` (``is_einops_view``) gives: the
+    values, grouped as ``[B, G, T]`` when the pattern makes three axes of
+    them (``"(b g) t -> b g t"``), as ``view(-1, G, T)`` does."""
+    axes = pattern.partition("->")[2].split()
+    if len(axes) == 3 and all(a.isidentifier() for a in axes):
+        return _view_as_groups(value)
+    return value
 
 
 def namespace(module: str, level: int) -> str | None:
@@ -367,6 +407,8 @@ def _reduce(name: str) -> MethodLowering:
         dim = kwargs.get("dim", kwargs.get("axis", args[0] if args else None))
         reduced = axis(dim)
         origin = at.origin
+        if isinstance(receiver, Grouped) and receiver.time:
+            return _reduce_grouped_tokens(kind, receiver, dim, origin)
         if isinstance(receiver, Grouped):
             # A group baseline (``rewards.view(-1, n).mean(dim=1)``): over samples.
             return ir.Reduce(kind, Axis.BATCH, receiver.node, origin=origin)
@@ -379,8 +421,53 @@ def _reduce(name: str) -> MethodLowering:
     return lower
 
 
+def _reduce_grouped_tokens(
+    kind: str, grouped: Grouped, dim: Value | None, origin: ir.Origin
+) -> Value:
+    """A reduction of ``[B, G, T]`` token values: over time (the last axis)
+    each sample's total, still grouped by prompt. Over the samples of a
+    prompt (``dim=1``, the axis a flat ``[B*G, T]`` layout had for time) or
+    over prompts, each token is added to the same token of independent
+    samples, never to the later tokens of its own: for the expected
+    gradient of k1, k2 or k3 of it, each sample's own token value (the
+    others' terms have zero expected score, and ``E[exp(-x)] = 1``), up to
+    a positive factor. Without gradient (a baseline over the group), it is
+    a statistic of the batch, as a flat group's is."""
+    index = _grouped_axis(dim)
+    if index == 2:
+        return Grouped(ir.Reduce(kind, Axis.TIME, grouped.node, origin=origin))
+    if index is not None:
+        if ir.depends_on_policy(grouped.node):
+            return grouped.node
+        return ir.Reduce(kind, Axis.BATCH, grouped.node, origin=origin)
+    if dim is not None and not (isinstance(dim, Py) and dim.value is None):
+        return ir.Reduce(kind, axis(dim), grouped.node, origin=origin)
+    return ir.Reduce(kind, Axis.ALL, grouped.node, origin=origin)
+
+
+def _grouped_axis(dim: Value | None) -> int | None:
+    """Which axis of ``[B, G, T]`` a ``dim=`` names: 0 prompts, 1 samples,
+    2 time (``dims=[1]`` as 1); None when it is not one literal axis."""
+    if isinstance(dim, Seq) and len(dim.items) == 1:
+        dim = dim.items[0]
+    value = dim.value if isinstance(dim, (Py, ir.Const)) else None
+    if (
+        not isinstance(value, (int, float))
+        or isinstance(value, bool)
+        or int(value) not in range(-3, 3)
+    ):
+        return None
+    return int(value) % 3
+
+
 def _cumsum(at: TorchCall, receiver: Value, args: Args, kwargs: Kwargs) -> Value:
     origin = at.origin
+    if isinstance(receiver, Grouped) and receiver.time:
+        if _grouped_axis(args[0] if args else kwargs.get("dim")) in (0, 1):
+            # A running sum over the samples of a prompt adds other samples'
+            # values, independent of this one: the same token's value, plus
+            # what does not move its gradient. Never a sum of later tokens.
+            return receiver
     if isinstance(receiver, Choice) and any(isinstance(v, Flipped) for _, v in receiver.options):
         return Choice([(label, _cumsum(at, v, args, kwargs)) for label, v in receiver.options])
     if isinstance(receiver, Flipped):
@@ -389,6 +476,11 @@ def _cumsum(at: TorchCall, receiver: Value, args: Args, kwargs: Kwargs) -> Value
 
 
 def _flip(at: TorchCall, receiver: Value, args: Args, kwargs: Kwargs) -> Value:
+    if isinstance(receiver, Grouped) and receiver.time:
+        dims = args[0] if args else kwargs.get("dims")
+        if _grouped_axis(dims) in (0, 1):
+            return receiver  # the samples in another order
+        receiver = receiver.node
     if isinstance(receiver, Choice):
         # ``rewards`` with a KL reward on one branch of a flag: each branch
         # reversed, so that flip-cumsum-flip is still a reward-to-go.
@@ -500,9 +592,12 @@ def _view(at: TorchCall, receiver: Value, args: Args, kwargs: Kwargs) -> Value:
     if isinstance(receiver, Choice):
         return Choice([(label, _view(at, v, args, kwargs)) for label, v in receiver.options])
     if isinstance(receiver, Grouped):
-        # ``view(-1)`` and ``view(-1, 1)`` (one score per sample, as a column) undo the groups.
-        ungrouped = len(args) <= 1 or (len(args) == 2 and _float(args[1]) == 1)
+        # ``view(-1)`` and ``view(-1, 1)`` (one score per sample, as a column)
+        # undo the groups; so does ``view(-1, T)`` of ``[B, G, T]``.
+        ungrouped = len(args) <= 1 or (len(args) == 2 and (receiver.time or _float(args[1]) == 1))
         return receiver.node if ungrouped else receiver
+    if len(args) == 3 and _float(args[2]) != 1:  # ``view(B, T, 1)``: a column, not groups
+        return _view_as_groups(receiver)
     if (
         len(args) == 2
         and _float(args[0]) == -1
@@ -512,6 +607,19 @@ def _view(at: TorchCall, receiver: Value, args: Args, kwargs: Kwargs) -> Value:
     ):
         return Grouped(receiver)
     return receiver
+
+
+def _view_as_groups(value: Value) -> Value:
+    """``logp.view(-1, G, T)``: token values grouped by prompt, time last."""
+    if isinstance(value, Choice):
+        return Choice([(label, _view_as_groups(v)) for label, v in value.options])
+    if (
+        isinstance(value, ir.Node)
+        and not isinstance(value, ir.Opaque)
+        and not has_distribution(value)
+    ):
+        return Grouped(value, time=True)
+    return value
 
 
 def _gather(at: TorchCall, receiver: Value, args: Args, kwargs: Kwargs) -> Value:
@@ -993,6 +1101,8 @@ def _einsum(at: TorchCall, args: Args, kwargs: Kwargs) -> Value | None:
         product = at.binary("mul", product, operand)
     if dropped == 0:
         return product
+    if isinstance(product, Grouped) and product.time:
+        product = product.node  # the subscripts say which axes are summed
     if not output:
         return at.lift1(product, lambda n: ir.Reduce("sum", Axis.ALL, n, origin=at.origin))
     if dropped != 1:
@@ -1001,8 +1111,12 @@ def _einsum(at: TorchCall, args: Args, kwargs: Kwargs) -> Value | None:
         return at.lift1(product, lambda n: vocabulary_expectation("sum", n, at.origin))
     if len(subscripts[0]) == 2 or (len(subscripts[0]) == 3 and not has_distribution(product)):
         # ``bt->b``; ``bgt->bg`` of log-probs grouped by prompt (``[B, G, T]``),
-        # the last axis time as in ``view(-1, G, T)``.
-        return at.lift1(product, lambda n: ir.Reduce("sum", Axis.TIME, n, origin=at.origin))
+        # the last axis time as in ``view(-1, G, T)``: each sample's total,
+        # still grouped, so that a reduction along ``g`` is over samples.
+        summed = at.lift1(product, lambda n: ir.Reduce("sum", Axis.TIME, n, origin=at.origin))
+        if len(subscripts[0]) == 3 and isinstance(summed, ir.Node):
+            return Grouped(summed)
+        return summed
     return None
 
 

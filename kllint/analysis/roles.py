@@ -346,6 +346,11 @@ def weight_role(name: str) -> Role | None:
     """Non-log-prob operands: masks, advantages, coefficients."""
     if name in TERSE_WEIGHTS:
         return TERSE_WEIGHTS[name]
+    ws = words(name)
+    if ws and (ws[0] in _COUNT_WORDS or "size" in ws):
+        # ``num_return_sequences_in_group``, ``n_samples``, ``group_size``: a
+        # count, whatever it counts.
+        return Role.COEFFICIENT
     if has_words(name, MASK_WORDS):
         return Role.MASK
     if has_words(name, ADVANTAGE_WORDS) or has_words(name, REWARD_MODEL_WORDS):
@@ -360,6 +365,7 @@ def weight_role(name: str) -> Role | None:
 
 
 _MAX_WORDS = frozenset({"max"})
+_COUNT_WORDS = frozenset({"n", "num"})
 _LENGTH_WORDS = frozenset({"len", "length", "tokens"})
 
 
@@ -493,8 +499,16 @@ def _weight_of(unknown: Unknown) -> Role | None:
         # a Lagrange multiplier's.
         return Role.COEFFICIENT
     last = weight_role(unknown.names[-1])
+    if unknown.names[-1] in TERSE_WEIGHTS and not unknown.call:
+        # ``G = num_samples_per_prompt``: what the notation aliases names it
+        # better than the letter does (``G`` is also a return).
+        last = _earlier_weight(unknown) or last
     if last is not None or unknown.call:
         return last
+    return _earlier_weight(unknown)
+
+
+def _earlier_weight(unknown: Unknown) -> Role | None:
     for name in reversed(unknown.names[:-1]):
         if name in _TENSOR_METADATA:
             return None  # ``T = mask.shape[1]`` is a length, not a mask
@@ -610,6 +624,10 @@ def name_logprob(name: str, value: Value, patterns: RolePatterns, *, no_grad: bo
     compute a log-prob (a model forward, a gather) does not matter, only
     which policy it belongs to and whether it carries gradient. A value
     that already involves the reference is a log-ratio and is kept."""
+    if isinstance(value, Grouped):
+        # ``lp = logp.view(-1, G, T)``: renamed, still grouped by prompt.
+        named = name_logprob(name, value.node, patterns, no_grad=no_grad)
+        return replace(value, node=named) if isinstance(named, ir.Node) else named
     renamed = reference_renamed(name, value, patterns)
     if renamed is not None:
         return renamed

@@ -357,6 +357,10 @@ def focus_of(term: ir.Node) -> ir.Node:
             and _beside_the_kl(node.right if _has_reference(node.left) else node.left)
         ):
             node = node.left if _has_reference(node.left) else node.right
+        elif isinstance(node, ir.Binary) and node.op == "sub" and _batch_baseline(node.right):
+            # ``returns - returns.mean(dim=1, keepdim=True)``, a leave-one-out
+            # baseline: the other samples' rewards, written where they are.
+            node = node.left
         else:
             return node
 
@@ -367,6 +371,14 @@ def _beside_the_kl(other: ir.Node) -> bool:
     of ``logp - ref``, which is the estimate), or a constraint's budget
     (``kl_budget - kl``: it moves the value, not the gradient)."""
     return _is_separate_loss(other) or _is_offset(other)
+
+
+def _batch_baseline(node: ir.Node) -> bool:
+    """A baseline of the batch's (a group's) rewards: without gradient, made
+    by a reduction over the samples."""
+    return not ir.depends_on_policy(node) and any(
+        isinstance(n, ir.Reduce) and n.axis is ir.Axis.BATCH for n in node.walk()
+    )
 
 
 def _is_offset(node: ir.Node) -> bool:

@@ -96,9 +96,12 @@ class Flipped:
 @dataclass
 class Grouped:
     """``rewards.view(-1, n)``: samples regrouped by prompt (GRPO, RLOO), so
-    that a reduction along any axis of it is over samples, not over time."""
+    that a reduction along any axis of it is over samples, not over time.
+    With ``time``, token values regrouped as ``[B, G, T]``
+    (``logp.view(-1, G, T)``): the last axis is time, the others samples."""
 
     node: ir.Node
+    time: bool = False
 
 
 @dataclass
@@ -219,7 +222,7 @@ def lift1(value: Value, fn: Callable[[ir.Node], ir.Node], as_node: NodeOf) -> Va
     if isinstance(value, Flipped):
         return Flipped(fn(value.node))  # elementwise ops commute with a flip
     if isinstance(value, Grouped):
-        return Grouped(fn(value.node))
+        return Grouped(fn(value.node), value.time)
     return fn(as_node(value))
 
 
@@ -241,7 +244,8 @@ def lift2(
     if isinstance(left, Grouped) or isinstance(right, Grouped):
         # ``grouped - grouped.mean(-1, keepdim=True)``: still grouped.
         ungrouped = [v.node if isinstance(v, Grouped) else as_node(v) for v in (left, right)]
-        return Grouped(fn(ungrouped[0], ungrouped[1]))
+        tokens = any(isinstance(v, Grouped) and v.time for v in (left, right))
+        return Grouped(fn(ungrouped[0], ungrouped[1]), tokens)
     if isinstance(left, Flipped) and isinstance(right, Flipped):
         return Flipped(fn(left.node, right.node))
     if isinstance(left, Flipped) or isinstance(right, Flipped):

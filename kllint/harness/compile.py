@@ -166,7 +166,21 @@ def nonlinear_coefficients(term: ir.Node) -> list[str]:
     return found
 
 
-_BATCH_SIZE_WORDS = ("shape", "size(", "len(", "numel", "batch_size")
+# The size of a group of samples of one prompt is the batch's size too: the
+# harness's batch is such a group (``(sum(r) - r) / (num_samples - 1)``).
+_BATCH_SIZE_WORDS = (
+    "shape",
+    "size(",
+    "len(",
+    "numel",
+    "batch_size",
+    "group_size",
+    "num_samples",
+    "n_samples",
+    "num_generations",
+    "rollout_n",
+    "num_return_sequences",
+)
 
 
 def batch_size_coefficients(term: ir.Node) -> list[str]:
