@@ -805,6 +805,15 @@ class Calls(Expressions):
             return ir.Opaque(f"torch.{name}")
         arg_values = [self.eval(a.value) for a in args]
         kw_values = {k: self.eval(v) for k, v in kwargs.items()}
+        if name == "kl_divergence":
+            # ``kl_divergence(Categorical(logits=logits), Categorical(logits=ref_logits))``:
+            # distributions built in the call, named by their logits.
+            arg_values = [
+                self.resolve(v, v.names[-1])
+                if isinstance(v, Unknown) and v.distribution and v.logprob_op and v.names
+                else v
+                for v in arg_values
+            ]
         if name in LOGPROB_OPS or name in ("log_softmax", "softmax"):
             first = arg_values[0] if arg_values else None
             return self.logprob_call(

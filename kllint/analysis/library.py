@@ -48,7 +48,59 @@ def kl_penalty_forward(logprob, ref_logprob, kl_penalty):
     raise NotImplementedError(kl_penalty)
 """
 
-_SOURCES = {"verl.trainer.ppo.core_algos": _VERL_CORE_ALGOS}
+# OpenRLHF 0.5-0.11: ``compute_approx_kl(log_probs, log_probs_base, ...,
+# kl_estimator="k1")``. The third positional parameter was the action mask
+# before 0.9 and the rollout's log-probs after; neither changes the estimator.
+# ``unbiased_gradient=True`` (0.10+) keeps the value and takes the gradient of
+# the detached k1 times the log-probs, by a straight-through term.
+_OPENRLHF_MODEL_UTILS = """
+import torch
+
+
+def compute_approx_kl(
+    log_probs,
+    log_probs_base,
+    third=None,
+    kl_estimator="k1",
+    unbiased_gradient=False,
+    action_mask=None,
+    log_probs_old=None,
+):
+    log_ratio = log_probs.float() - log_probs_base.float()
+    if kl_estimator == "k1":
+        value = log_ratio
+    elif kl_estimator == "k2":
+        value = log_ratio**2 / 2.0
+    elif kl_estimator == "k3":
+        value = (-log_ratio).exp() - 1 + log_ratio
+    value = value.clamp(min=-10, max=10)
+    if unbiased_gradient:
+        surrogate = log_ratio.detach() * log_probs
+        return value.detach() + surrogate - surrogate.detach()
+    return value
+
+
+def masked_mean(tensor, mask, dim=None):
+    if mask is None:
+        return tensor.mean(dim=dim)
+    return (tensor * mask).sum(dim=dim) / mask.sum(dim=dim)
+"""
+
+# TRL 0.14-1.16: the sampled token's log-prob from logits, without the full
+# log-softmax in memory.
+_TRL_UTILS = """
+import torch
+
+
+def selective_log_softmax(logits, index):
+    return torch.gather(logits.log_softmax(-1), dim=-1, index=index.unsqueeze(-1)).squeeze(-1)
+"""
+
+_SOURCES = {
+    "verl.trainer.ppo.core_algos": _VERL_CORE_ALGOS,
+    "openrlhf.models.utils": _OPENRLHF_MODEL_UTILS,
+    "trl.trainer.utils": _TRL_UTILS,
+}
 _MODULES: dict[str, ModuleInfo] = {}
 
 
