@@ -203,17 +203,16 @@ class Calls(Expressions):
             # ``dict(advantages=advantages, ...)``: the dict written out.
             return self.written_record(call, ())
         if name == "sum" and args:
-            # ``sum(losses.values())`` over a dict of loss terms.
+            # ``sum(losses.values())`` over a dict of loss terms; a list of
+            # penalties appended one by one. ``sum(loss for mb in
+            # micro_batches)``: one row stands for every row (a sum over the
+            # batch keeps each token's gradient).
             terms = self.eval(args[0].value)
-            if isinstance(terms, Seq) and terms.items and not terms.appended:
+            if isinstance(terms, Seq) and terms.items:
                 total = terms.items[0]
                 for item in terms.items[1:]:
                     total = self.binary("add", total, item, call)
                 return total
-            if isinstance(terms, Seq) and len(terms.items) == 1 and terms.appended:
-                # ``sum(loss for mb in micro_batches)``: one row stands for
-                # every row (a sum over the batch keeps each token's gradient).
-                return terms.items[0]
         if name == "getattr" and len(args) >= 2:
             attr = self.eval(args[1].value)
             if isinstance(attr, Py) and isinstance(attr.value, str):

@@ -82,6 +82,7 @@ from kllint.analysis.values import (
     merge_envs,
     negate_condition,
     note_default,
+    shown_key,
     tensors_of,
     written_attribute,
 )
@@ -256,6 +257,14 @@ class Interpreter(Calls):
         per-token KL rewards reach advantages through GAE and returns loops.
         A discount (``ret = r + gamma * ret``) is kept on the scan."""
         direction = _time_loop_direction(statement)
+        rows = self.terms_to_unroll(statement) if direction is None else None
+        if rows is not None:
+            for row in rows:
+                self.assign(statement.target, row, statement)  # type: ignore[union-attr]
+                self.exec_block(statement.body.body)
+            if statement.orelse is not None:
+                self.exec_block(statement.orelse.body.body)
+            return
         if (
             direction == "forward"
             and isinstance(statement, cst.For)
@@ -342,6 +351,43 @@ class Interpreter(Calls):
                     value.items = [substituted(i) for i in value.items]
                 elif isinstance(value, (ir.Node, Choice)):
                     self.env[name] = substituted(value)
+
+    def terms_to_unroll(self, statement: cst.For | cst.While) -> list[Value] | None:
+        """The few items of a list or dict the code wrote itself (loss terms,
+        penalties, their names or weights: ``for name, value in
+        terms.items()``), each of which the body runs for, so that a total
+        built in the loop holds every term. None for any other loop (rows of
+        a batch, steps of time), whose body runs once."""
+        if not isinstance(statement, cst.For):
+            return None
+        iterable = statement.iter
+        method = None
+        if (
+            isinstance(iterable, cst.Call)
+            and not iterable.args
+            and isinstance(iterable.func, cst.Attribute)
+            and iterable.func.attr.value in ("items", "values", "keys")
+        ):
+            method, iterable = iterable.func.attr.value, iterable.func.value
+        if not isinstance(iterable, (cst.Name, cst.Attribute, cst.List, cst.Tuple)):
+            return None
+        value = self.eval(iterable)
+        rows: list[Value]
+        if isinstance(value, DictVal) and not value.positional:
+            keys: list[Value] = [Py(shown_key(k)) for k in value.items]
+            if method == "items":
+                rows = [Seq([k, v]) for k, v in zip(keys, value.items.values())]
+            else:
+                rows = list(value.items.values()) if method == "values" else keys
+            held = list(value.items.values())
+        elif isinstance(value, Seq) and method is None:
+            rows = held = value.items
+        else:
+            return None
+        if not 2 <= len(rows) <= _UNROLLED_TERMS:
+            return None
+        names_only = all(isinstance(v, Py) and isinstance(v.value, str) for v in held)
+        return rows if names_only or any(map(roles.may_carry_kl, held)) else None
 
     def bind_loop_target(
         self,
@@ -1960,6 +2006,10 @@ def _walk_defs(body: cst.BaseSuite) -> Iterator[cst.FunctionDef]:
             yield statement
         elif isinstance(statement, (cst.If, cst.For, cst.While, cst.With, cst.Try)):
             yield from _walk_defs(statement.body)
+
+
+# The most terms a loop over a list or dict of them is run for, one by one.
+_UNROLLED_TERMS = 8
 
 
 def _next_step(scan: ir.Node, added: ir.Node, discount: ir.Node | None) -> ir.Node:
