@@ -286,7 +286,6 @@ class Expressions(Frame):
         target, iterable = loop.target, loop.iter
         if not (
             loop.inner_for_in is None
-            and not loop.ifs
             and isinstance(iterable, cst.Call)
             and isinstance(iterable.func, cst.Attribute)
             and iterable.func.attr.value == "items"
@@ -305,7 +304,10 @@ class Expressions(Frame):
         for key, item in held.items.items():
             self.env[key_name] = Py(key)
             self.env[value_name] = item
-            items.append(self.eval(expr.elt))
+            # ``if weights.get(name, 0.0) != 0.0``: an entry a filter
+            # certainly drops is not summed; one it may keep is.
+            if all(self.truth(test.test) is not False for test in loop.ifs):
+                items.append(self.eval(expr.elt))
         self.env = saved
         return Seq(items)
 

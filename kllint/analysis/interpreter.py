@@ -352,6 +352,17 @@ class Interpreter(Calls):
                 elif isinstance(value, (ir.Node, Choice)):
                     self.env[name] = substituted(value)
 
+    def dispatched(self, ref: FuncRef, call: cst.Call) -> bool:
+        """``LOSSES[name](batch, cfg)``: a function of this file reached only
+        through a registry (a dict of terms, a decorator's table), never
+        called by its name: the dispatch is where it is called from. (A
+        table of lambdas is a table of estimators, judged at the dispatch.)"""
+        return (
+            isinstance(call.func, cst.Subscript)
+            and ref.name != "lambda"  # a lambda is made a function named so
+            and not self.context.calls_anywhere(ref.name)
+        )
+
     def terms_to_unroll(self, statement: cst.For | cst.While) -> list[Value] | None:
         """The few items of a list or dict the code wrote itself (loss terms,
         penalties, their names or weights: ``for name, value in
@@ -1194,7 +1205,7 @@ class Interpreter(Calls):
             self.call_site is None
             and ref.module is self.context.module
             and self.module is self.context.module
-            and self.context.calls[_called_as(ref, call)] == 1
+            and (self.context.calls[_called_as(ref, call)] == 1 or self.dispatched(ref, call))
         )
         alone = called_once_here and not sinks.steerable(ref.node)
         # Given only logits, the helper forms the log-probs and the estimate
@@ -1242,7 +1253,7 @@ class Interpreter(Calls):
             and self.module is self.context.module
         )
         called_as = _called_as(ref, call)
-        once = here and self.context.calls[called_as] == 1
+        once = here and (self.context.calls[called_as] == 1 or self.dispatched(ref, call))
         # ``maker.advantages_from(...)``, a method of a parameter's class: the
         # one call of that name in the file, through whatever receiver.
         once_through_any = here and (
