@@ -844,6 +844,16 @@ class Calls(Expressions):
         if not isinstance(log_prob, Unknown):
             return None
         node = self.resolve(replace(log_prob, distribution=False))
+        if (
+            (not isinstance(node, ir.Node) or isinstance(node, ir.Opaque))
+            and log_prob.names
+            and log_prob.reference_model
+        ):
+            # ``-F.cross_entropy(logits, ids, reduction="none")`` of a helper's
+            # own ``logits``, given the reference model's: the reference's.
+            named = [n for n in log_prob.names if n not in lowering.TENSOR_METHODS]
+            target = named[-1] if named else log_prob.names[-1]
+            node = self.resolve(replace(log_prob, distribution=False), target)
         if not isinstance(node, ir.Node) or isinstance(node, ir.Opaque):
             return None
         return ir.neg(node, origin)

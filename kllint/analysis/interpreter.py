@@ -319,6 +319,18 @@ class Interpreter(Calls):
                         for (label, v), (_, original) in zip(options, step.options)
                     ]
                 )
+            if (
+                isinstance(step, ir.Unary)
+                and step.op == "detach"
+                and ir.contains(step.arg, placeholder)
+            ):
+                # Under ``no_grad`` each step is stored detached: the scan of
+                # the recurrence inside, detached.
+                inner = scanned(step.arg, placeholder)
+                if isinstance(inner, ir.Node):
+                    scans[id(step)] = ir.detach(inner, step.origin)
+                    return scans[id(step)]
+                return inner
             if isinstance(step, ir.Node) and ir.contains(step, placeholder):
                 added = ir.substitute(step, {id(placeholder): ir.Const(0.0)})
                 discount = _discount_of(step, placeholder)

@@ -522,7 +522,10 @@ def _behaviour_by_contrast(term: ir.Node) -> ir.Node:
     log-prob summed from the current token log-probs (``seq_logprob``, the
     score of ``sg(seq_kl) * seq_logprob``) is the current policy's."""
     names = _names(term, Role.POLICY_LOGP)
-    current = [n for n in names if has_words(n, CURRENT_WORDS)]
+    # Only a current one with gradient: ``new`` computed under ``no_grad``
+    # for a KL reward says nothing of the loss's log-probs that weight it.
+    live = _with_gradient(term)
+    current = [n for n in names if has_words(n, CURRENT_WORDS) and n in live]
     if not current or len(current) == len(names):
         return term
     levels = {a.level for a in term.atoms() if a.role is Role.POLICY_LOGP and a.name in current}
@@ -532,6 +535,15 @@ def _behaviour_by_contrast(term: ir.Node) -> ir.Node:
         if a.role is Role.POLICY_LOGP and a.name not in current and a.level in levels
     }
     return ir.substitute(term, mapping)
+
+
+def _with_gradient(node: ir.Node) -> set[str]:
+    """The names of the policy log-probs a node reaches without a detach."""
+    if isinstance(node, ir.Atom):
+        return {node.name} if node.role is Role.POLICY_LOGP else set()
+    if isinstance(node, ir.Unary) and node.op == "detach":
+        return set()
+    return set().union(*(_with_gradient(c) for c in node.children()))
 
 
 def _estimator_name(focus: ir.Node) -> str:
