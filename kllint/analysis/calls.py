@@ -120,6 +120,10 @@ class Calls(Expressions):
             )
         if isinstance(callee, FuncRef):
             return self.inline(callee, call)
+        if isinstance(callee, ir.Atom) and callee.role is Role.REFERENCE_LOGP:
+            # ``ref(input_ids=ids)``: a bare ``ref``, taken for the reference's
+            # log-probs, is called: it is the reference model.
+            return Unknown(code(call), (callee.name,), call=True, reference_model=True)
         if isinstance(callee, Instance):
             # ``self.kl_loss_fn(logp, ref, mask)``: an nn.Module's forward.
             for name in ("forward", "__call__"):
