@@ -322,14 +322,14 @@ class Calls(Expressions):
                 entries = self.eval(arg.value)
                 if isinstance(entries, DictVal):
                     receiver.items.update(entries.items)
-            for key, expr in kwargs.items():
-                receiver.items[key] = self.eval(expr)
+            for entry_name, expr in kwargs.items():
+                receiver.items[entry_name] = self.eval(expr)
             return Py(None)
         if isinstance(receiver, Unknown) and method == "update" and kwargs and not args:
             # ``batch.update(advantages=advantages, returns=returns)``: each
             # entry written by key, as ``batch["advantages"] = advantages``.
-            for key, expr in kwargs.items():
-                entry = cst.SubscriptElement(cst.Index(cst.SimpleString(repr(key))))
+            for entry_name, expr in kwargs.items():
+                entry = cst.SubscriptElement(cst.Index(cst.SimpleString(repr(entry_name))))
                 self.assign(cst.Subscript(value=func.value, slice=[entry]), self.eval(expr), call)
             return Py(None)
         if isinstance(func.value, cst.Name) and self.mutate(

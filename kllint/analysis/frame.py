@@ -262,6 +262,9 @@ class Frame:
     def truth(self, expr: cst.BaseExpression) -> bool | None:
         raise NotImplementedError
 
+    def assign(self, target: cst.BaseExpression, value: Value, node: cst.CSTNode) -> None:
+        raise NotImplementedError
+
     def inline(
         self,
         ref: FuncRef,
