@@ -157,6 +157,9 @@ class Frame:
         self.function_name = function_name
         self.env: dict[str, Value] = {}
         self.no_grad = False
+        # Inside a loop run once per term (``terms_to_unroll``): a loop in it
+        # runs once, so that nested loops over terms cost no product.
+        self.unrolling = False
         self.path: list[str] = []
         self.returns: list[tuple[str, Value]] = []
         # Loop variables bound to one response of a packed tensor

@@ -257,11 +257,15 @@ class Interpreter(Calls):
         per-token KL rewards reach advantages through GAE and returns loops.
         A discount (``ret = r + gamma * ret``) is kept on the scan."""
         direction = _time_loop_direction(statement)
-        rows = self.terms_to_unroll(statement) if direction is None else None
+        rows = None if direction is not None or self.unrolling else self.terms_to_unroll(statement)
         if rows is not None:
-            for row in rows:
-                self.assign(statement.target, row, statement)  # type: ignore[union-attr]
-                self.exec_block(statement.body.body)
+            self.unrolling = True
+            try:
+                for row in rows:
+                    self.assign(statement.target, row, statement)  # type: ignore[union-attr]
+                    self.exec_block(statement.body.body)
+            finally:
+                self.unrolling = False
             if statement.orelse is not None:
                 self.exec_block(statement.orelse.body.body)
             return
@@ -319,18 +323,6 @@ class Interpreter(Calls):
                         for (label, v), (_, original) in zip(options, step.options)
                     ]
                 )
-            if (
-                isinstance(step, ir.Unary)
-                and step.op == "detach"
-                and ir.contains(step.arg, placeholder)
-            ):
-                # Under ``no_grad`` each step is stored detached: the scan of
-                # the recurrence inside, detached.
-                inner = scanned(step.arg, placeholder)
-                if isinstance(inner, ir.Node):
-                    scans[id(step)] = ir.detach(inner, step.origin)
-                    return scans[id(step)]
-                return inner
             if isinstance(step, ir.Node) and ir.contains(step, placeholder):
                 added = ir.substitute(step, {id(placeholder): ir.Const(0.0)})
                 discount = _discount_of(step, placeholder)

@@ -522,11 +522,14 @@ def _behaviour_by_contrast(term: ir.Node) -> ir.Node:
     log-prob summed from the current token log-probs (``seq_logprob``, the
     score of ``sg(seq_kl) * seq_logprob``) is the current policy's."""
     names = _names(term, Role.POLICY_LOGP)
+    current = [n for n in names if has_words(n, CURRENT_WORDS)]
+    if not current or len(current) == len(names):
+        return term
     # Only a current one with gradient: ``new`` computed under ``no_grad``
     # for a KL reward says nothing of the loss's log-probs that weight it.
     live = _with_gradient(term)
-    current = [n for n in names if has_words(n, CURRENT_WORDS) and n in live]
-    if not current or len(current) == len(names):
+    current = [n for n in current if n in live]
+    if not current:
         return term
     levels = {a.level for a in term.atoms() if a.role is Role.POLICY_LOGP and a.name in current}
     mapping: dict[int, ir.Node] = {
@@ -537,13 +540,21 @@ def _behaviour_by_contrast(term: ir.Node) -> ir.Node:
     return ir.substitute(term, mapping)
 
 
-def _with_gradient(node: ir.Node) -> set[str]:
-    """The names of the policy log-probs a node reaches without a detach."""
-    if isinstance(node, ir.Atom):
-        return {node.name} if node.role is Role.POLICY_LOGP else set()
-    if isinstance(node, ir.Unary) and node.op == "detach":
-        return set()
-    return set().union(*(_with_gradient(c) for c in node.children()))
+def _with_gradient(term: ir.Node) -> set[str]:
+    """The names of the policy log-probs a term reaches without a detach
+    (each shared subexpression visited once: ``kl = kl + kl`` repeated)."""
+    found: set[str] = set()
+    seen: set[int] = set()
+    stack = [term]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen or (isinstance(node, ir.Unary) and node.op == "detach"):
+            continue
+        seen.add(id(node))
+        if isinstance(node, ir.Atom) and node.role is Role.POLICY_LOGP:
+            found.add(node.name)
+        stack.extend(node.children())
+    return found
 
 
 def _estimator_name(focus: ir.Node) -> str:
