@@ -821,7 +821,7 @@ class Calls(Expressions):
             # ``kl_divergence(Categorical(logits=logits), Categorical(logits=ref_logits))``:
             # distributions built in the call, named by their logits.
             arg_values = [
-                self.resolve(v, v.names[-1])
+                self.named_by_source(v)
                 if isinstance(v, Unknown) and v.distribution and v.logprob_op and v.names
                 else v
                 for v in arg_values
@@ -864,12 +864,16 @@ class Calls(Expressions):
         ):
             # ``-F.cross_entropy(logits, ids, reduction="none")`` of a helper's
             # own ``logits``, given the reference model's: the reference's.
-            named = [n for n in log_prob.names if n not in lowering.TENSOR_METHODS]
-            target = named[-1] if named else log_prob.names[-1]
-            node = self.resolve(replace(log_prob, distribution=False), target)
+            node = self.named_by_source(replace(log_prob, distribution=False))
         if not isinstance(node, ir.Node) or isinstance(node, ir.Opaque):
             return None
         return ir.neg(node, origin)
+
+    def named_by_source(self, log_probs: Unknown) -> Value:
+        """Log-probs computed in an expression, not assigned to a name, named
+        by what they were computed from (``logits``, not ``.transpose``)."""
+        named = [n for n in log_probs.names if n not in lowering.TENSOR_METHODS]
+        return self.resolve(log_probs, named[-1] if named else log_probs.names[-1])
 
     def named_call(
         self,

@@ -280,9 +280,11 @@ def einops_reduced(at: TorchCall, pattern: str, reduction: object, value: Value)
     if not arrow or reduction not in ("sum", "mean") or not all(a.isidentifier() for a in axes):
         return None
     kind = str(reduction)
+    if not set(target) <= set(source):
+        return None
     dropped = [i for i, a in enumerate(source) if a not in target]
-    if not dropped or not set(target) <= set(source):
-        return value if not dropped else None
+    if not dropped:
+        return value
     time = len(source) - 1 in dropped
     if len(source) == 3:
         grouped = _view_as_groups(value)
