@@ -378,7 +378,7 @@ class Calls(Expressions):
             return self.method_op(method, receiver, args, kwargs, call)
         if (
             isinstance(receiver, ir.Opaque)
-            and lowering.is_new_constant_tensor(receiver)
+            and ir.is_new_constant_tensor(receiver)
             and method in lowering.SEGMENT_SUMS
         ):
             # ``torch.zeros(n).index_add_(0, seg_ids, x)``: per-slot sums of ``x``.
@@ -992,6 +992,11 @@ class Calls(Expressions):
         model(ids).logits[:, start:-1].float())``), whose cut along time makes
         the log-probs per token. A ``softmax`` gives probabilities: the exp of
         the log-probs, whose policy is found the same way."""
+        nested = receiver or argument
+        if name == "logsumexp" and nested is not None and nested.names[:1] == ("logsumexp",):
+            # ``torch.stack([chunk.logsumexp(-1) for chunk in ...], -1).logsumexp(-1)``:
+            # the logsumexp of the chunks' logsumexps is the whole tensor's.
+            return replace(nested, text=code(call))
         hints = [n for a in args[:1] for n in chain_names(_unscaled(a.value))]
         if receiver is not None and isinstance(call.func, cst.Attribute):
             # ``logits.logsumexp(dim=-1)``: the tensor is the receiver.

@@ -134,7 +134,7 @@ class Expressions(Frame):
             ):
                 # ``teacher_logits / temperature``: still the teacher's logits.
                 return replace(left, text=code(expr))
-        log_prob = lowering.normalised_gather(op, left, right)
+        log_prob = lowering.normalised_gather(op, left, right, _gathers_tokens(expr.left))
         if log_prob is not None:
             return log_prob
         return self.binary(op, left, right, expr)
@@ -267,6 +267,10 @@ class Expressions(Frame):
             # ``[{k: v[i : i + mbs] for k, v in batch.items()} for i in range(...)]``:
             # micro-batches of a batch, each with the entries written into it.
             or isinstance(expr.elt, cst.DictComp)
+            # ``[torch.tensor(r) for r in rows]``, ``[torch.ones(n) for n in
+            # lengths]``: rows without a graph, whatever they are named after (a
+            # rollout engine's log-probs, a padded mask).
+            or _makes_a_new_tensor(expr.elt)
         ):
             return Unknown(code(expr), ("comprehension",))
         saved = dict(self.env)
@@ -1358,6 +1362,34 @@ def _setting_read(expr: cst.BaseExpression) -> bool:
         and expr.func.attr.value == "get"
         and bool(expr.args)
         and isinstance(expr.args[0].value, cst.SimpleString)
+    )
+
+
+# Ops that pick the sampled tokens' entries out of the vocabulary axis.
+_TOKEN_PICKERS = frozenset({"gather", "take_along_dim", "index_select", "squeeze"})
+
+
+def _gathers_tokens(expr: cst.BaseExpression) -> bool:
+    """``logits.gather(-1, ids).squeeze(-1)``, ``logits[rows, ids]``: the
+    sampled tokens' entries, not the whole vocabulary (``logits[..., s:e]``)."""
+    for node in (expr, *descendants(expr)):
+        if isinstance(node, cst.Call):
+            name = dotted_name(node.func) or (
+                node.func.attr.value if isinstance(node.func, cst.Attribute) else ""
+            )
+            if name.rpartition(".")[2] in _TOKEN_PICKERS:
+                return True
+        if isinstance(node, cst.Subscript) and _picks_tokens(node):
+            return True
+    return False
+
+
+def _makes_a_new_tensor(element: cst.BaseExpression) -> bool:
+    name = dotted_name(element.func) if isinstance(element, cst.Call) else None
+    return (
+        name is not None
+        and name.startswith("torch.")
+        and name.rpartition(".")[2] in lowering.NEW_TENSORS | ir.CONSTANT_TENSORS
     )
 
 

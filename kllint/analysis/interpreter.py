@@ -1820,12 +1820,32 @@ def _time_loop_direction(statement: cst.For | cst.While) -> str | None:
         inner = dotted_name(call.args[0].value.func)
         return "reverse" if inner == "range" else None
     if name == "range":
+        if _over_the_vocabulary(call):
+            return None
         if len(call.args) == 3:
             step = call.args[2].value
             if isinstance(step, cst.UnaryOperation) and isinstance(step.operator, cst.Minus):
                 return "reverse"
         return "forward"
     return None
+
+
+def _over_the_vocabulary(call: cst.Call) -> bool:
+    """``range(0, logits.size(-1), chunk)``, ``range(0, vocab_size, chunk)``:
+    chunks of the vocabulary, whose sum is no running sum over time."""
+    for node in descendants(call):
+        if isinstance(node, cst.Name) and "vocab" in roles.words(node.value):
+            return True
+        if (
+            isinstance(node, cst.Call)
+            and isinstance(node.func, cst.Attribute)
+            and node.func.attr.value == "size"
+            and roles.names_logits(code(node.func.value).rpartition(".")[2])
+            and len(node.args) == 1
+            and code(node.args[0].value) == "-1"
+        ):
+            return True
+    return False
 
 
 def _assigned_names(body: cst.BaseSuite) -> list[str]:

@@ -269,10 +269,21 @@ def depends_on_policy(x: Node) -> bool:
     return any(depends_on_policy(c) for c in x.children())
 
 
+# New tensors of constants (``torch.zeros(())``, the start of a running
+# total; ``torch.ones(n)``, a mask): kept opaque, but without a gradient.
+CONSTANT_TENSORS = frozenset({"zeros", "ones", "zeros_like", "ones_like", "full"})
+_NEW_CONSTANT_TENSORS = frozenset(f".{name}()" for name in CONSTANT_TENSORS)
+
+
+def is_new_constant_tensor(node: Node) -> bool:
+    return isinstance(node, Opaque) and node.reason in _NEW_CONSTANT_TENSORS
+
+
 def has_unknown_gradient(x: Node) -> bool:
-    """An opaque value outside any detach: it may carry a gradient kllint cannot see."""
+    """An opaque value outside any detach, other than a new tensor of
+    constants: it may carry a gradient kllint cannot see."""
     if isinstance(x, Opaque):
-        return True
+        return not is_new_constant_tensor(x)
     if isinstance(x, Unary) and x.op == "detach":
         return False
     return any(has_unknown_gradient(c) for c in x.children())
@@ -283,7 +294,7 @@ def has_unknown_gradient_but_normalisers(x: Node) -> bool:
     divides (``/ loss_denom``, ``/ n_tokens_global``) is a normaliser: a
     count of tokens or samples, not a path to the policy."""
     if isinstance(x, Opaque):
-        return True
+        return not is_new_constant_tensor(x)
     if isinstance(x, Unary) and x.op == "detach":
         return False
     if isinstance(x, Binary) and x.op == "div" and isinstance(x.right, Opaque):

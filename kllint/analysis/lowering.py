@@ -566,10 +566,13 @@ def _size(at: TorchCall, receiver: Value, args: Args, kwargs: Kwargs) -> Value:
     return ir.Atom(Role.COEFFICIENT, at.code)
 
 
-def normalised_gather(op: str, left: Value, right: Value) -> Value | None:
+def normalised_gather(op: str, left: Value, right: Value, picked: bool = True) -> Value | None:
     """``x.gather(-1, ids).squeeze(-1) - torch.logsumexp(x, -1)``: the sampled
     token's log-softmax without the full log-softmax (a fused kernel's idiom),
-    a log-prob whose role its name or its model says."""
+    a log-prob whose role its name or its model says. ``x - lse[..., None]``
+    with ``lse`` the logsumexp of ``x`` (computed apart, in chunks): the
+    log-softmax over the whole vocabulary (``picked``: whether the left side
+    picks the sampled tokens, as the syntax shows)."""
     if not (
         op == "sub"
         and isinstance(left, Unknown)
@@ -579,12 +582,13 @@ def normalised_gather(op: str, left: Value, right: Value) -> Value | None:
         and set(left.names) & set(right.names[1:])
     ):
         return None
+    whole = not picked and not left.logprob_op and set(left.names) <= set(right.names[1:])
     return replace(
         left,
         text=f"{left.text} - {right.text}",
         call=True,
         logprob_op=True,
-        distribution=False,
+        distribution=whole,
         reference_model=left.reference_model or right.reference_model,
     )
 
@@ -738,16 +742,6 @@ def _method_registry() -> dict[str, MethodLowering]:
 
 
 TENSOR_METHODS: dict[str, MethodLowering] = _method_registry()
-
-# New tensors of constants (``torch.zeros(())``, the start of a running
-# total): kllint keeps them opaque, but they carry no gradient.
-_NEW_CONSTANT_TENSORS = frozenset(
-    f".{name}()" for name in ("zeros", "ones", "zeros_like", "ones_like", "full")
-)
-
-
-def is_new_constant_tensor(node: ir.Node) -> bool:
-    return isinstance(node, ir.Opaque) and node.reason in _NEW_CONSTANT_TENSORS
 
 
 def tensor_method(at: TorchCall, name: str, receiver: Value, args: Args, kwargs: Kwargs) -> Value:
@@ -1061,6 +1055,10 @@ def _constant(value: float) -> FunctionLowering:
     return lambda at, args, kwargs: ir.Const(value, origin=at.origin)
 
 
+# ``torch.tensor(floats)``: tensors made from data, with no graph.
+NEW_TENSORS = frozenset({"tensor", "as_tensor", "scalar_tensor"})
+
+
 def _tensor(at: TorchCall, args: Args, kwargs: Kwargs) -> Value | None:
     """``torch.tensor(data)``: a new tensor without a graph (a rollout
     engine's log-probs as floats, a copy of a tensor)."""
@@ -1175,11 +1173,12 @@ TORCH_FUNCTIONS: dict[str, FunctionLowering] = {
     "kl_div": _kl_div,
     "kl_divergence": _kl_divergence,
     "stack": _stack,
+    # ``pad_sequence([torch.tensor(r) for r in rows], batch_first=True)``:
+    # rows of different lengths stacked, as ``stack`` does.
+    "pad_sequence": _stack,
     "zeros_like": _constant(0.0),
     "ones_like": _constant(1.0),
-    "tensor": _tensor,
-    "as_tensor": _tensor,
-    "scalar_tensor": _tensor,
+    **dict.fromkeys(NEW_TENSORS, _tensor),
     "triu": _triangle("triu"),
     "tril": _triangle("tril"),
 }

@@ -938,5 +938,11 @@ def may_carry_kl(value: Value) -> bool:
     if isinstance(value, (FuncRef, Instance)):
         return True
     if isinstance(value, Unknown):
-        return bool(value.logprob_op or value.reference_model)
+        # ``sample.rollout_log_probs``: log-probs read off an object, which a
+        # helper may turn into a tensor (with or without a graph).
+        return bool(
+            value.logprob_op
+            or value.reference_model
+            or (value.names and not value.call and is_logprob_name(value.names[-1]))
+        )
     return False
