@@ -70,6 +70,9 @@ class Calls(Expressions):
         func = call.func
         args = [a for a in call.args if a.keyword is None and a.star == ""]
         kwargs = {a.keyword.value: a.value for a in call.args if a.keyword is not None}
+        setting = selectors.read_with_a_default(call)
+        if setting is not None:
+            return setting
         if isinstance(func, cst.Attribute):
             return self.eval_method_call(call, func, args, kwargs)
         differentiated = self.differentiated(func)

@@ -382,6 +382,8 @@ class Expressions(Frame):
             constant = self.module.constants[name]
             if isinstance(constant, (cst.Dict, cst.DictComp, cst.Lambda)):
                 return self.eval_constant(constant)  # a dispatch table: {"k3": low_var_kl, ...}
+            if isinstance(constant, cst.Call) and selectors.read_with_a_default(constant):
+                return self.eval(constant)  # KL_ESTIMATOR = os.environ.get("KL_ESTIMATOR", "k3")
             if isinstance(constant, cst.Call) and (dotted_name(constant.func) or "").endswith(
                 "partial"
             ):
@@ -464,7 +466,8 @@ class Expressions(Frame):
                 setting = self.setting_in_init(attr)
                 if setting is not None:
                     return setting
-            return Unknown(code(expr), (attr,))
+            flag = selectors.field_flag(base.module, base.cls, attr)
+            return Unknown(code(expr), (attr,), default_flag=flag)
         if isinstance(base, DictVal) and attr in base.items:
             # A record's field (``ref.logprobs``): a log-prob goes by the name
             # the caller reads it with, not the one the helper computed it as.
@@ -659,7 +662,7 @@ class Expressions(Frame):
             return None
         return self.context.project.class_named(picked.class_name, self.module)
 
-    def setting_in_init(self, attr: str) -> Py | ir.Atom | FuncRef | None:
+    def setting_in_init(self, attr: str) -> Py | ir.Node | FuncRef | None:
         """``self.kl_type`` set once, in ``__init__``, from the settings it was
         given, with ``__init__``'s parameters unknown: the selector it reads
         (``KLType(cfg.get("kl_type", KLType.K3))``), a number of the settings
@@ -678,6 +681,10 @@ class Expressions(Frame):
         if init is None:
             return None
         assigned = _init_assignments(init).get(attr, [])
+        if len(assigned) == 1 and isinstance(assigned[0], (cst.Float, cst.Integer)):
+            # ``self.gamma = 1.0``: a number the class fixes (a discount, a
+            # coefficient), read as written.
+            return ir.Const(float(assigned[0].evaluated_value))
         if (
             len(assigned) != 1
             or not isinstance(assigned[0], (cst.Call, cst.Subscript, cst.Name, cst.Attribute))

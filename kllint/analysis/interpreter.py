@@ -487,6 +487,16 @@ class Interpreter(Calls):
         self.flag_defaults.clear()
         truth = self.truth(statement.test)
         flag = self.flag_defaults.pop(id(statement.test), None)
+        if (
+            truth is None
+            and flag is not None
+            and _both_read_the_reference(statement.body.body, else_body)
+        ):
+            # ``if args.use_legacy_kl: ... else: ...`` with the flag's default in
+            # the settings: two implementations of one KL, and the default says
+            # which one runs. A flag that turns a term on (``if use_kl_loss:``,
+            # with no else or ``kl_loss = zeros(())``) stays open.
+            truth = flag
 
         def label() -> str:
             condition = self.condition_label(statement.test)
@@ -1792,6 +1802,25 @@ def _makes_rewards(ref: FuncRef) -> bool:
     elif sinks.makes_rewards(ref.name):
         return True
     return any(sinks.makes_rewards(name) for name in returned_names(ref.node))
+
+
+def _both_read_the_reference(body: Sequence[cst.CSTNode], else_body: Sequence[cst.CSTNode]) -> bool:
+    def reads(block: Sequence[cst.CSTNode]) -> bool:
+        return any(
+            isinstance(node, cst.Name) and roles.has_words(node.value, roles.REFERENCE_WORDS)
+            for statement in block
+            for node in descendants(statement)
+        )
+
+    return bool(else_body) and reads(body) and reads(else_body)
+
+
+def _times_called(calls: Counter[str], ref: FuncRef, call: cst.Call) -> int:
+    """How many calls the file makes of ``ref``, by its name and by the
+    module alias this call uses (``token_kl = full_vocab_kl``)."""
+    called_as = _called_as(ref, call)
+    alias = call.func.value if isinstance(call.func, cst.Name) else called_as
+    return calls[called_as] + (calls[alias] if alias != called_as else 0)
 
 
 def _called_as(ref: FuncRef, call: cst.Call) -> str:

@@ -104,7 +104,28 @@ class ClassInfo:
         return self._fields
 
 
-_FIELD_CALLS = ("field", "dataclasses.field")
+# What a fallback's ``except`` catches when an optional import fails.
+_IMPORT_ERRORS = frozenset({"ImportError", "ModuleNotFoundError", "Exception"})
+
+
+def _catches_import_error(caught: Any, *, code_of: Callable[[Any], str | None]) -> bool:
+    """``except ImportError:``, ``except (ImportError, AttributeError):``, a bare ``except:``."""
+    if caught is None:
+        return True
+    items = (
+        getattr(caught, "elts", None)
+        or [e.value for e in getattr(caught, "elements", [])]
+        or [caught]
+    )
+    return any((code_of(item) or "").rpartition(".")[2] in _IMPORT_ERRORS for item in items)
+
+
+def _ast_dotted(node: ast.expr) -> str | None:
+    return ast.unparse(node) if isinstance(node, (ast.Name, ast.Attribute)) else None
+
+
+# ``field(default=...)`` of a dataclass, ``Field("k1", ...)`` of a pydantic model.
+_FIELD_CALLS = ("field", "dataclasses.field", "Field", "pydantic.Field")
 
 
 def _ast_fields(text: str) -> list[ClassField]:
@@ -139,7 +160,8 @@ def _ast_fields(text: str) -> list[ClassField]:
             value = small.value
             default = None
             if isinstance(value, ast.Call) and ast.unparse(value.func) in _FIELD_CALLS:
-                value = next((k.value for k in value.keywords if k.arg == "default"), None)
+                given = value.args[0] if value.args else None
+                value = next((k.value for k in value.keywords if k.arg == "default"), given)
                 default = literal(value)
             found.append(
                 ClassField(

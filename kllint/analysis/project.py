@@ -57,11 +57,12 @@ _FIELD = re.compile(
     + _LITERAL
     + r"\s*\)?\s*(?:#.*)?$"
 )
-_FIELD_CALL = re.compile(r"^(\w+)\s*:\s*[^=]+?=\s*(?:dataclasses\.)?field\(")
+# ``field(default=...)`` of a dataclass, ``Field(default=...)`` of a pydantic model.
+_FIELD_CALL = re.compile(r"^(\w+)\s*:\s*[^=]+?=\s*(?:dataclasses\.|pydantic\.)?(?:field|Field)\(")
 # A line that could set a class field (indented, a name, then ``:`` or ``=``),
 # and the headers of the blocks that decide whether it is in a class body.
 _FIELD_LINE = re.compile(
-    r"\n[ \t\f\v]+\w+[ \t\f\v]*(?::[^=\n]*)?=[ \t\f\v]*(?:[\"'TFN\d-]|field\(|dataclasses\.field\()"
+    r"\n[ \t\f\v]+\w+[ \t\f\v]*(?::[^=\n]*)?=[ \t\f\v]*(?:[\"'TFN\d-]|field\(|dataclasses\.field\(|Field\(|pydantic\.Field\()"
 )
 _HEADER = re.compile(r"\n([ \t\f\v]*)(class|def|async[ \t\f\v]+def)\b")
 # ``CONFIG = {`` or ``CONFIG = OmegaConf.create({`` at column 0 (the dict may open

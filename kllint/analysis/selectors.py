@@ -127,6 +127,38 @@ def condition_label(test: cst.BaseExpression, *, in_helper: bool) -> str:
 _LABELS: dict[tuple[int, bool], tuple[cst.BaseExpression, str]] = {}
 
 
+# Settings read with a default written at the read: ``os.environ.get("KL_ESTIMATOR",
+# "k3")``, ``os.getenv(...)`` (the key is the first argument), and
+# ``OmegaConf.select(cfg, "algorithm.kl.type", default="kl")`` (the second).
+_SETTING_READS = {
+    "os.environ.get": (0, "the environment"),
+    "environ.get": (0, "the environment"),
+    "os.getenv": (0, "the environment"),
+    "getenv": (0, "the environment"),
+    "OmegaConf.select": (1, "the config"),
+}
+
+
+def read_with_a_default(call: cst.Call) -> Py | None:
+    """The literal default of a setting read from the environment or a config
+    with its default at the read: what runs when the setting is not given."""
+    read = _SETTING_READS.get(dotted_name(call.func) or "")
+    if read is None:
+        return None
+    index, where = read
+    given = [a for a in call.args if a.keyword is None]
+    default = given[index + 1].value if len(given) > index + 1 else None
+    default = next(
+        (a.value for a in call.args if a.keyword and a.keyword.value == "default"), default
+    )
+    key = given[index].value if len(given) > index else None
+    if not isinstance(key, cst.SimpleString):
+        return None
+    if not isinstance(default, (cst.SimpleString, cst.Integer, cst.Float)):
+        return None
+    return Py(default.evaluated_value, source=f"`{key.evaluated_value!s}` unset in {where}")
+
+
 def default_note(subject: cst.BaseExpression, default: Py) -> str:
     """How a resolved config default is explained in a finding."""
     return f"{full_code(subject)} = {default.value!r} (default from {default.source})"
@@ -166,8 +198,29 @@ def names_a_selector(attr: str) -> bool:
 
 
 def _class_literal(cls: ClassInfo, attr: str) -> str | int | None:
-    """The literal a class body gives ``attr`` (an Enum member's value)."""
-    return next((f.literal for f in cls.fields if f.name == attr and f.literal is not None), None)
+    """The literal a class body gives ``attr`` (an Enum member's value, a
+    field's ``field(default=...)``)."""
+    return next(
+        (
+            value
+            for f in cls.fields
+            if f.name == attr
+            for value in (f.literal, f.field_default)
+            if value is not None
+        ),
+        None,
+    )
+
+
+def field_flag(module: ModuleInfo, cls: ClassInfo, attr: str) -> bool | None:
+    """``use_legacy_kl: bool = False`` in the body of a settings class: the
+    flag's default on an object built from it (``args=GRPOConfig()``)."""
+    found = re.search(
+        rf"^[ \t]+{re.escape(attr)}[ \t]*(?::[^=\n]*)?=[ \t]*(?:field\([ \t]*default[ \t]*=[ \t]*)?(True|False)\b",
+        _class_text(module, cls),
+        re.MULTILINE,
+    )
+    return None if found is None else found.group(1) == "True"
 
 
 def _literal_node(node: cst.BaseExpression | None, *, ints: bool = True) -> str | int | None:
