@@ -389,6 +389,15 @@ class Expressions(Frame):
             ):
                 # mse_kl = functools.partial(kl_penalty, kind="mse")
                 return self.eval_constant(constant)
+            if (
+                isinstance(constant, cst.Name)
+                and constant.value != name
+                and (
+                    constant.value in self.module.functions or constant.value in self.module.imports
+                )
+            ):
+                # ``compute_kl = kl_penalty``: an old name kept for a renamed function.
+                return self.eval(constant)
             if isinstance(constant, (cst.SimpleString, cst.Integer, cst.Float, cst.Name)):
                 return (
                     self.eval(constant)

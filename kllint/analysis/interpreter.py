@@ -1219,7 +1219,7 @@ class Interpreter(Calls):
             self.call_site is None
             and ref.module is self.context.module
             and self.module is self.context.module
-            and (self.context.calls[_called_as(ref, call)] == 1 or self.dispatched(ref, call))
+            and (_times_called(self.context.calls, ref, call) == 1 or self.dispatched(ref, call))
         )
         alone = called_once_here and not sinks.steerable(ref.node)
         # Given only logits, the helper forms the log-probs and the estimate
@@ -1267,7 +1267,9 @@ class Interpreter(Calls):
             and self.module is self.context.module
         )
         called_as = _called_as(ref, call)
-        once = here and (self.context.calls[called_as] == 1 or self.dispatched(ref, call))
+        once = here and (
+            _times_called(self.context.calls, ref, call) == 1 or self.dispatched(ref, call)
+        )
         # ``maker.advantages_from(...)``, a method of a parameter's class: the
         # one call of that name in the file, through whatever receiver.
         once_through_any = here and (

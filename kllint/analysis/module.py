@@ -349,6 +349,15 @@ class ModuleInfo:
                     self._collect(statement.orelse.body.body)
             elif isinstance(statement, cst.Try):
                 self._collect(statement.body.body)
+                for handler in statement.handlers:
+                    if _catches_import_error(handler.type, code_of=dotted_name):
+                        self._collect(
+                            [
+                                s
+                                for s in handler.body.body
+                                if isinstance(s, (cst.FunctionDef, cst.ClassDef))
+                            ]
+                        )
             elif isinstance(statement, cst.SimpleStatementLine):
                 for small in statement.body:
                     self._collect_small(small)
@@ -655,6 +664,20 @@ class _Pieces:
                     self.collect(orelse)
             elif isinstance(statement, ast.Try):
                 self.collect(statement.body)
+                for handler in statement.handlers:
+                    if _catches_import_error(handler.type, code_of=_ast_dotted):
+                        # ``except ImportError: def _per_token_kl(...)``: the
+                        # fallback is the implementation kllint can read (the
+                        # import names a module outside the project).
+                        self.collect(
+                            [
+                                s
+                                for s in handler.body
+                                if isinstance(
+                                    s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+                                )
+                            ]
+                        )
             elif isinstance(statement, ast.Import):
                 for alias in statement.names:
                     if alias.asname:
