@@ -16,7 +16,7 @@ from pathlib import Path
 import libcst as cst
 from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 
-from kllint.analysis import ir, lowering
+from kllint.analysis import ir
 from kllint.analysis.gradient import Unsupported, profile
 from kllint.analysis.interpreter import (
     FileContext,
@@ -315,7 +315,12 @@ def _as_run(verdicts: list[_Verdict], right_where_run: set[int]) -> list[_Verdic
     for v in verdicts:
         origin = id(v.site.origin.cst_node)
         if not any(s.backward for s in v.sinks) and (
-            origin in right_where_run or (origin in run and v.rule.code not in run[origin])
+            origin in right_where_run
+            or (origin in run and v.rule.code not in run[origin])
+            # Read alone, a loss function the step inlines whole into a
+            # backward pass whose KL gradient is right (a k3 loss beside the
+            # k3 reward the step folds into the advantages).
+            or all(id(s.function_node) in right_where_run for s in v.sinks)
         ):
             continue
         kept.append(v)
@@ -393,9 +398,14 @@ def _one_pipeline(first: _Verdict, second: _Verdict) -> bool:
 
 
 def _origin_nodes_within(term: ir.Node) -> Iterator[int]:
+    """The expressions a term was computed at, and the helpers it was
+    computed in (``self.grpo_loss(...)`` from the step: the loss function's
+    own estimates are placed at that call)."""
     for node in term.walk():
         if node.origin is not None and node.origin.cst_node is not None:
             yield id(node.origin.cst_node)
+        if node.origin is not None and node.origin.helper_node is not None:
+            yield id(node.origin.helper_node)
 
 
 def _origin_nodes(terms: Iterable[ir.Node]) -> Iterator[int]:

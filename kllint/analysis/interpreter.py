@@ -933,6 +933,10 @@ class Interpreter(Calls):
                     self.stored_advantages.append((call, shown, value))
                 elif sinks.is_returns_key(name):
                     self.stored_returns.append((call, shown, value))
+                elif sinks.is_rewards_key(name) and self.depth == 0:
+                    # ``self.history.append(PPORLElement(..., rewards[i]))``:
+                    # per-token rewards kept for a loss that credits them later.
+                    self.stored_rewards.append((call, shown, value))
 
     def assign(self, target: cst.BaseExpression, value: Value, node: cst.CSTNode) -> None:
         if self.no_grad and isinstance(value, (ir.Node, Choice, Flipped, Grouped)):
@@ -998,6 +1002,17 @@ class Interpreter(Calls):
                 # ``returns[:, t] = running`` in a reward-to-go loop: the buffer
                 # holds what was written into it, a KL penalty included.
                 self.env[target.value.value] = value
+            elif (
+                isinstance(container, ir.Node)
+                and isinstance(value, ir.Const)
+                and sinks.may_hold_kl(container)
+            ):
+                # ``rewards[i, ends[i]:] = 0``: the padding after each response
+                # zeroed, as a response mask would; the KL penalty on the
+                # response stays.
+                name = target.value.value
+                zeroed = ir.Atom(Role.MASK, f"{name} (padding zeroed)")
+                self.env[name] = self.lift1(container, lambda n: ir.binary("mul", n, zeroed))
             elif isinstance(container, (ir.Node, Seq)):
                 # ``buffer[:, i] = ...`` fills a tensor in place: it is no longer
                 # what it was; filled under no_grad, it has no gradient.
@@ -1564,7 +1579,8 @@ def _with_the_policys_gradient(value: Value) -> bool:
 
 def _names_in(expr: cst.BaseExpression) -> Iterator[str]:
     """The names an expression reads (``list(zip(ids, returns))``: ``ids``,
-    ``returns``), not attributes or the functions it calls."""
+    ``returns``; ``rewards[i]``: ``rewards``), not attributes or the
+    functions it calls."""
     stack: list[cst.CSTNode] = [expr]
     while stack:
         node = stack.pop()
@@ -1574,6 +1590,8 @@ def _names_in(expr: cst.BaseExpression) -> Iterator[str]:
             stack.extend(arg.value for arg in node.args)
         elif isinstance(node, (cst.Tuple, cst.List)):
             stack.extend(element.value for element in node.elements)
+        elif isinstance(node, cst.Subscript):
+            stack.append(node.value)  # ``rewards[i]``: one row of the rewards
 
 
 def _added_to_a_reward(value: Value) -> bool:

@@ -257,15 +257,18 @@ def makes_rewards(name: str) -> bool:
     return bool(set(roles.words(name)) & {"reward", "rewards", "experience", "experiences"})
 
 
+def is_rewards_key(name: str) -> bool:
+    """``rewards``, ``token_level_rewards``; not a dict of reward metrics."""
+    words = set(roles.words(name))
+    return bool(words & {"reward", "rewards"}) and "metrics" not in words
+
+
 def stored_rewards(target: cst.BaseExpression) -> str | None:
     """``batch["token_level_rewards"]``, ``data.rewards``: per-token rewards
     written for a loss in another call tree to credit (how it is written),
     else None."""
     key = _stored_key(target)
-    if key is None or is_advantage_key(key):
-        return None
-    words = set(roles.words(key))
-    if not words & {"reward", "rewards"} or "metrics" in words:
+    if key is None or is_advantage_key(key) or not is_rewards_key(key):
         return None
     return code(target)
 

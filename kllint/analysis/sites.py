@@ -264,6 +264,11 @@ def _split(node: ir.Node) -> list[ir.Node]:
         ]
     if isinstance(node, ir.CumSum):
         return [ir.CumSum(t, node.reverse, node.discount, origin=origin) for t in _split(node.arg)]
+    if isinstance(node, ir.Clamp) and node.low is None and node.high is None:
+        # ``returns.clamp(-clip, clip)`` with bounds from the settings: a
+        # guard, the identity where the analysis measures (as the gradient
+        # reads it); the task score beside the KL comes out as for a sum.
+        return [ir.Clamp(t, None, None, origin=origin) for t in _split(node.arg)]
     if isinstance(node, ir.Binary):
         return _split_product(node)
     return [node]
