@@ -816,6 +816,11 @@ class Calls(Expressions):
                 [cst.Arg(value=logits)],
                 argument=given if isinstance(given, Unknown) else None,
             )
+        if name in lowering.CATEGORICAL and "probs" in kwargs:
+            # ``Categorical(probs=torch.softmax(logits, -1))``: its log-probs.
+            given = self.eval(kwargs["probs"])
+            if isinstance(given, (ir.Node, Choice)):
+                return self.lift1(given, lowering.log_of_probability)
         if name in lowering.OPAQUE_FUNCTIONS:
             return ir.Opaque(f"torch.{name}")
         arg_values = [self.eval(a.value) for a in args]

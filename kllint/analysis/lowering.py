@@ -907,17 +907,20 @@ def _xlogy(at: TorchCall, args: Args, kwargs: Kwargs) -> Value | None:
     if len(args) != 2:
         return None
     origin = at.origin
+    return at.lift2(
+        args[0], args[1], lambda x, y: ir.binary("mul", x, log_of_probability(y, origin), origin)
+    )
 
-    def log_of(y: ir.Node) -> ir.Node:
-        # ``xlogy(p, q)`` with ``q = ref_logprobs.exp()``: the log-prob itself.
-        inner, detached = y, False
-        while isinstance(inner, ir.Unary) and inner.op == "detach":
-            inner, detached = inner.arg, True
-        if isinstance(inner, ir.Unary) and inner.op == "exp":
-            return ir.detach(inner.arg, origin) if detached else inner.arg
-        return ir.Unary("log", y, origin=origin)
 
-    return at.lift2(args[0], args[1], lambda x, y: ir.binary("mul", x, log_of(y), origin))
+def log_of_probability(y: ir.Node, origin: ir.Origin | None = None) -> ir.Node:
+    """``log(q)`` with ``q = ref_logprobs.exp()`` (``xlogy(p, q)``,
+    ``Categorical(probs=q)``): the log-prob itself, detached if ``q`` was."""
+    inner, detached = y, False
+    while isinstance(inner, ir.Unary) and inner.op == "detach":
+        inner, detached = inner.arg, True
+    if isinstance(inner, ir.Unary) and inner.op == "exp":
+        return ir.detach(inner.arg, origin) if detached else inner.arg
+    return ir.Unary("log", y, origin=origin)
 
 
 def _compares_two_policies(value: Value) -> bool:
