@@ -42,6 +42,7 @@ from kllint.analysis.values import (
     against_defaults,
     clear_defaults,
     common_condition,
+    off_the_default_implementation,
     settings_agree,
     show_condition,
 )
@@ -264,6 +265,8 @@ def _verdicts(sinks: list[Sink], path: str) -> list[_Verdict]:
     # Estimates in a term that reaches ``.backward()`` with the sequence KL's
     # gradient: what the training step runs is right there.
     right_where_run: set[int] = set()
+    # Losses whose KL is right on the implementation the flags' defaults run.
+    right_by_default: set[int] = set()
     for sink in _judged(sinks):
         for branch, loss in _losses(sink, path):
             terms = kl_terms(loss)
@@ -279,6 +282,8 @@ def _verdicts(sinks: list[Sink], path: str) -> list[_Verdict]:
             for site in _sites(sink, branch, loss, terms, path):
                 if sink.backward and site.profile.sequence_correct:
                     right_where_run.update(_origin_nodes_within(site.term))
+                if site.profile.sequence_correct and not off_the_default_implementation(branch):
+                    right_by_default.add(id(sink.node))
                 for rule in RULES.values():
                     if rule.check(site):
                         key = (rule.code, id(site.origin.cst_node))
@@ -294,7 +299,17 @@ def _verdicts(sinks: list[Sink], path: str) -> list[_Verdict]:
         shared = common_condition(verdict.branches)
         if shared != verdict.site.branch:
             verdict.site = replace(verdict.site, branch=shared)
-    verdicts = _as_run(list(best.values()), right_where_run)
+    verdicts = [
+        v
+        for v in best.values()
+        # Only on an implementation the defaults do not run (``use_legacy_kl``),
+        # beside one they run that is right: not what trains.
+        if not (
+            all(off_the_default_implementation(b) for b in v.branches)
+            and all(id(s.node) in right_by_default for s in v.sinks)
+        )
+    ]
+    verdicts = _as_run(verdicts, right_where_run)
     paired = _right_together(verdicts)
     return _one_per_expression([v for v in _kept(verdicts, cleared) if id(v) not in paired])
 

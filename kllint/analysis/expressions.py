@@ -115,20 +115,21 @@ class Expressions(Frame):
                 return summed
         if op is None:
             return Unknown(code(expr), ("binop",))
+        if isinstance(left, Unknown) and op == "sub" and _normaliser_of(expr.right, expr.left):
+            # ``z - torch.logsumexp(z, -1, keepdim=True)``: the log-softmax of
+            # ``z`` over its last axis, the vocabulary (or a top-k support of
+            # log-probs, renormalised).
+            patterns = self.context.role_patterns
+            return replace(
+                left,
+                text=code(expr),
+                call=True,
+                logprob_op=True,
+                distribution=True,
+                reference_model=left.reference_model
+                or any(patterns.role_from_words(n) is Role.REFERENCE_LOGP for n in left.names),
+            )
         if isinstance(left, Unknown) and not left.logprob_op:
-            if op == "sub" and _normaliser_of(expr.right, expr.left):
-                # ``z - torch.logsumexp(z, -1, keepdim=True)``: the
-                # log-softmax of ``z`` over the vocabulary.
-                patterns = self.context.role_patterns
-                return replace(
-                    left,
-                    text=code(expr),
-                    call=True,
-                    logprob_op=True,
-                    distribution=True,
-                    reference_model=left.reference_model
-                    or any(patterns.role_from_words(n) is Role.REFERENCE_LOGP for n in left.names),
-                )
             if op in ("div", "mul") and roles.has_words(
                 left.names[-1] if left.names else "", roles.LOGIT_WORDS
             ):

@@ -81,6 +81,7 @@ from kllint.analysis.values import (
     choice,
     merge_envs,
     negate_condition,
+    note_alternatives,
     note_default,
     shown_key,
     tensors_of,
@@ -487,21 +488,19 @@ class Interpreter(Calls):
         self.flag_defaults.clear()
         truth = self.truth(statement.test)
         flag = self.flag_defaults.pop(id(statement.test), None)
-        if (
-            truth is None
-            and flag is not None
-            and _both_read_the_reference(statement.body.body, else_body)
-        ):
-            # ``if args.use_legacy_kl: ... else: ...`` with the flag's default in
-            # the settings: two implementations of one KL, and the default says
-            # which one runs. A flag that turns a term on (``if use_kl_loss:``,
-            # with no else or ``kl_loss = zeros(())``) stays open.
-            truth = flag
+        # ``if args.use_legacy_kl: ... else: ...`` with the flag's default in the
+        # settings: two implementations of one KL. Both stay open; a finding
+        # only on the one the defaults do not run is dropped where the one
+        # they run is right (see the driver). A flag that turns a term on
+        # (``if use_kl_loss:``, with no else or ``kl_loss = zeros(())``) is not one.
+        alternatives = flag is not None and _both_read_the_reference(statement.body.body, else_body)
 
         def label() -> str:
             condition = self.condition_label(statement.test)
             if flag is not None:
                 note_default(condition, flag)
+            if alternatives:
+                note_alternatives(condition)
             return condition
 
         return self.exec_branch(

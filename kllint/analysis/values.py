@@ -486,6 +486,21 @@ def note_default(condition: str, value: bool) -> None:
     _FLAG_DEFAULTS[negate_condition(condition)] = not value
 
 
+# Of those, the flags that choose between two implementations of one KL
+# (``if use_legacy_kl: ... else: ...``, both branches reading the reference).
+_ALTERNATIVES: set[str] = set()
+
+
+def note_alternatives(condition: str) -> None:
+    _ALTERNATIVES.add(condition)
+    _ALTERNATIVES.add(negate_condition(condition))
+
+
+def off_the_default_implementation(label: str) -> bool:
+    """Whether a path takes an implementation the flags' defaults do not."""
+    return any(c in _ALTERNATIVES and _FLAG_DEFAULTS.get(c) is False for c in label.split(AND))
+
+
 def against_defaults(label: str) -> int:
     """How many conditions of a path contradict the flags' defaults."""
     return sum(1 for c in label.split(AND) if _FLAG_DEFAULTS.get(c) is False)
@@ -498,3 +513,4 @@ def default_of(condition: str) -> bool | None:
 
 def clear_defaults() -> None:
     _FLAG_DEFAULTS.clear()
+    _ALTERNATIVES.clear()
