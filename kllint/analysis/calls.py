@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import libcst as cst
 
-from kllint.analysis import ir, lowering, roles, selectors, sinks
+from kllint.analysis import ir, library, lowering, roles, selectors, sinks
 from kllint.analysis.expressions import SPLITS, Expressions
 from kllint.analysis.ir import Role
 from kllint.analysis.lowering import (
@@ -564,6 +564,11 @@ class Calls(Expressions):
                 items[arg.keyword.value] = self.eval(arg.value)
             elif not arg.star and position < len(fields):
                 items[fields[position]] = self.eval(arg.value)
+        for key, value in items.items():
+            if roles.has_words(key, roles.KL_WORDS) and sinks.may_hold_kl(value):
+                # ``Experience(..., kl, ...)``: read back as ``experience.kl``
+                # by another function of the file (an actor's loss).
+                self.context.kl_entries[key] = value
         return DictVal(items)
 
     def class_method(self, receiver: cst.BaseExpression, method: str) -> FuncRef | None:
@@ -816,6 +821,11 @@ class Calls(Expressions):
                 [cst.Arg(value=logits)],
                 argument=given if isinstance(given, Unknown) else None,
             )
+        module = library.loss_module(name)
+        if module is not None:
+            # ``nn.KLDivLoss(reduction="none", log_target=True)``: an object whose
+            # call is ``F.kl_div`` with these settings.
+            return replace(module, preset_kwargs={k: self.eval(v) for k, v in kwargs.items()})
         if name in lowering.CATEGORICAL and "probs" in kwargs:
             # ``Categorical(probs=torch.softmax(logits, -1))``: its log-probs.
             given = self.eval(kwargs["probs"])
@@ -1241,6 +1251,16 @@ def _rejoined(pieces: Value) -> Value | None:
         if all(whole is not None for _, whole in joined):
             return choice(joined)  # type: ignore[arg-type]
         return None
+    if (
+        isinstance(pieces, Unknown)
+        and not pieces.call
+        and pieces.names
+        and roles.is_logprob_name(pieces.names[-1])
+    ):
+        # ``torch.cat(log_probs)`` of a list of per-response log-probs kllint
+        # does not hold (slime's rows, one 1-D tensor each): the same
+        # log-probs on one flat token axis: per token.
+        return replace(pieces, per_token=True)
     if not isinstance(pieces, Seq) or not pieces.items:
         return None
     first = pieces.items[0]

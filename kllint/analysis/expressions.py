@@ -496,6 +496,11 @@ class Expressions(Frame):
             written = self.env.get(written_attribute(owner, attr))
             if written is not None:
                 return written
+            stored = self.context.kl_entries.get(attr)
+            if stored is not None:
+                # ``experience.kl``, a record's KL field that another function
+                # of the file filled (``Experience(..., kl, ...)``).
+                return stored
         if (
             isinstance(base, Unknown)
             and base.names == ("self",)

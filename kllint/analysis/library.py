@@ -96,7 +96,19 @@ def selective_log_softmax(logits, index):
     return torch.gather(logits.log_softmax(-1), dim=-1, index=index.unsqueeze(-1)).squeeze(-1)
 """
 
+# torch's loss modules: ``nn.KLDivLoss(reduction=..., log_target=...)`` built
+# once, then called as ``self.kl(input, target)``. The object is the
+# functional form with the constructor's settings given in advance.
+_TORCH_LOSS_MODULES = """
+import torch.nn.functional as F
+
+
+def KLDivLoss(input, target, size_average=None, reduce=None, reduction="mean", log_target=False):
+    return F.kl_div(input, target, reduction=reduction, log_target=log_target)
+"""
+
 _SOURCES = {
+    "torch.nn": _TORCH_LOSS_MODULES,
     "verl.trainer.ppo.core_algos": _VERL_CORE_ALGOS,
     "openrlhf.models.utils": _OPENRLHF_MODEL_UTILS,
     "trl.trainer.utils": _TRL_UTILS,
@@ -116,6 +128,14 @@ def function(module: str, name: str) -> FuncRef | None:
     if name not in info.functions:
         return None
     return FuncRef(unparsed(info.functions, name), info)
+
+
+LOSS_MODULES = frozenset({"KLDivLoss"})
+
+
+def loss_module(name: str) -> FuncRef | None:
+    """``torch.nn.KLDivLoss``: the function an instance computes when called."""
+    return function("torch.nn", name) if name in LOSS_MODULES else None
 
 
 def is_library(module: ModuleInfo) -> bool:
