@@ -565,10 +565,10 @@ class Calls(Expressions):
             elif not arg.star and position < len(fields):
                 items[fields[position]] = self.eval(arg.value)
         for key, value in items.items():
-            if roles.has_words(key, roles.KL_WORDS) and sinks.may_hold_kl(value):
+            if sinks.may_hold_kl(value):
                 # ``Experience(..., kl, ...)``: read back as ``experience.kl``
                 # by another function of the file (an actor's loss).
-                self.context.kl_entries[key] = value
+                self.context.keep_kl_entry(key, value)
         return DictVal(items)
 
     def class_method(self, receiver: cst.BaseExpression, method: str) -> FuncRef | None:

@@ -476,7 +476,7 @@ class Expressions(Frame):
                 setting = self.setting_in_init(attr)
                 if setting is not None:
                     return setting
-            flag = selectors.field_flag(base.module, base.cls, attr)
+            flag = selectors.field_flag(base.cls, attr)
             return Unknown(code(expr), (attr,), default_flag=flag)
         if isinstance(base, DictVal) and attr in base.items:
             # A record's field (``ref.logprobs``): a log-prob goes by the name

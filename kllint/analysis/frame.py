@@ -91,6 +91,11 @@ class FileContext:
         if entry is None or entry[0] is not held:
             entry = self.written[id(held)] = (held, {})
         entry[1][key] = value
+        self.keep_kl_entry(key, value)
+
+    def keep_kl_entry(self, key: str, value: Value) -> None:
+        """A value stored under a key named as a KL (``"ref_kl"``, a record's
+        ``kl`` field), for another function of the file to read back."""
         if roles.has_words(key, roles.KL_WORDS):
             self.kl_entries[key] = value
 

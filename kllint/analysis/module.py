@@ -64,6 +64,8 @@ class ClassField:
     float_default: bool = False
     # ``micro_batch: int = 4``: an int default (a count, or a selector's value).
     int_default: bool = False
+    # ``use_legacy_kl: bool = False`` (also ``field(default=False)``): a flag's default.
+    flag_default: bool | None = None
 
 
 class ClassInfo:
@@ -140,6 +142,11 @@ def _ast_fields(text: str) -> list[ClassField]:
     except (SyntaxError, ValueError, RecursionError, IndexError, AttributeError):
         return []
 
+    def flag(value: ast.expr | None) -> bool | None:
+        return (
+            value.value if isinstance(value, ast.Constant) and type(value.value) is bool else None
+        )
+
     def is_float(value: ast.expr | None) -> bool:
         if isinstance(value, ast.UnaryOp) and isinstance(value.op, ast.USub):
             value = value.operand
@@ -174,6 +181,7 @@ def _ast_fields(text: str) -> list[ClassField]:
                     ast.unparse(small.annotation).split("[")[0].endswith("Literal"),
                     is_float(value),
                     isinstance(value, ast.Constant) and type(value.value) is int,
+                    flag(value),
                 )
             )
         elif (
@@ -181,7 +189,15 @@ def _ast_fields(text: str) -> list[ClassField]:
             and len(small.targets) == 1
             and isinstance(small.targets[0], ast.Name)
         ):
-            found.append(ClassField(small.targets[0].id, False, literal(small.value), None))
+            found.append(
+                ClassField(
+                    small.targets[0].id,
+                    False,
+                    literal(small.value),
+                    None,
+                    flag_default=flag(small.value),
+                )
+            )
     return found
 
 

@@ -212,15 +212,10 @@ def _class_literal(cls: ClassInfo, attr: str) -> str | int | None:
     )
 
 
-def field_flag(module: ModuleInfo, cls: ClassInfo, attr: str) -> bool | None:
+def field_flag(cls: ClassInfo, attr: str) -> bool | None:
     """``use_legacy_kl: bool = False`` in the body of a settings class: the
     flag's default on an object built from it (``args=GRPOConfig()``)."""
-    found = re.search(
-        rf"^[ \t]+{re.escape(attr)}[ \t]*(?::[^=\n]*)?=[ \t]*(?:field\([ \t]*default[ \t]*=[ \t]*)?(True|False)\b",
-        _class_text(module, cls),
-        re.MULTILINE,
-    )
-    return None if found is None else found.group(1) == "True"
+    return next((f.flag_default for f in cls.fields if f.name == attr), None)
 
 
 def _literal_node(node: cst.BaseExpression | None, *, ints: bool = True) -> str | int | None:
