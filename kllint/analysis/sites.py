@@ -455,6 +455,12 @@ def _ratio_weighted(term: ir.Node, focus: ir.Node) -> ir.Binary | None:
     return None
 
 
+def _detached_on_the_way(path: list[ir.Node]) -> bool:
+    """Whether the estimate reaches the term as a detached weight (a KL
+    reward made under ``no_grad``, then added to the advantages)."""
+    return any(isinstance(n, ir.Unary) and n.op == "detach" for n in path[:-1])
+
+
 def _score_function(path: list[ir.Node]) -> ir.Node | None:
     """Where a KL term is written as a score function: the innermost product
     of the detached weight and the policy's log-probs, when the code names
@@ -632,9 +638,13 @@ def build_site(
     # estimator: it is written where the weight multiplies it (often a line
     # below the plain estimate). A KL reward the PPO ratio weighs through the
     # advantages stays where it is computed.
-    weighted = _ratio_weighted(term, focus) if ir.depends_on_policy(focus) else None
-    written = focus
     path = _path(term, focus)
+    weighted = (
+        _ratio_weighted(term, focus)
+        if ir.depends_on_policy(focus) and not _detached_on_the_way(path)
+        else None
+    )
+    written = focus
     if weighted is not None and _written_apart(term, weighted):
         written = weighted
     elif ir.depends_on_policy(term):
