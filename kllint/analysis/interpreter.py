@@ -1298,7 +1298,13 @@ class Interpreter(Calls):
             and result is not None
             and len(self.context.sinks) == sinks_before
             and (
-                (alone and _defect_of_its_own(result, _maximised(ref)))
+                (
+                    alone
+                    and _defect_of_its_own(result, _maximised(ref))
+                    # A KL returned under the penalty's sign alone: the
+                    # caller's sign decides what is minimised, at the call.
+                    and not _a_signed_kl_alone(result)
+                )
                 or (
                     # ``apply_kl_penalty(batch, kl_penalty="low_var_kl")`` picks
                     # the estimator at the call: reported there.
@@ -1308,7 +1314,13 @@ class Interpreter(Calls):
                     )
                     and (
                         len(self.helper_rewards) > rewards_before
-                        or _made_into_rewards(result)
+                        or (
+                            _made_into_rewards(result)
+                            # A KL alone under the penalty's sign (``-0.5 *
+                            # seq_lr**2``) is a reward where the helper says so
+                            # (``kl_reward``); elsewhere its caller's sign decides.
+                            and (_makes_rewards(ref) or not _a_signed_kl_alone(result))
+                        )
                         or (_makes_rewards(ref) and _added_to_a_reward(result))
                     )
                 )
@@ -1522,6 +1534,14 @@ def _signed_for_the_caller(value: Value) -> bool:
     return True
 
 
+def _a_signed_kl_alone(value: Value) -> bool:
+    """A KL under the penalty's sign and nothing else, not credited over
+    time (``-0.5 * seq_lr**2``, not a running sum of per-token penalties)."""
+    return _signed_for_the_caller(value) and not any(
+        isinstance(n, ir.CumSum) for node in tensors_of(value) for n in node.walk()
+    )
+
+
 def _advantages_of(returned: cst.BaseExpression | None, value: Value) -> list[Value]:
     """What an advantage function returns that a loss reads as advantages:
     of ``return rewards, advantages, returns``, the element so named (the
@@ -1628,6 +1648,12 @@ def _penalised(node: ir.Node, *, negative: bool) -> bool:
     whether the way there turns it into a penalty or a credit."""
     if not node.has_role(Role.REFERENCE_LOGP):
         return False
+    literal = _literal_factor(node)
+    if literal is not None:
+        # ``-0.5 * seq_lr**2``: a literal's sign is the penalty's, whatever
+        # the estimate it multiplies.
+        factor, estimate = literal
+        return _penalised(estimate, negative=negative != (factor < 0))
     if all(a.role in _ESTIMATE_ROLES for a in node.atoms()):
         return negative  # the estimate itself
     if isinstance(node, ir.CumSum):
@@ -1644,6 +1670,19 @@ def _penalised(node: ir.Node, *, negative: bool) -> bool:
                 # ``-coef * 0.5 * kl``: a weight's sign, coefficients positive.
                 return _penalised(other, negative=negative != (_sign(factor) < 0))
     return any(_penalised(child, negative=negative) for child in node.children())
+
+
+def _literal_factor(node: ir.Node) -> tuple[float, ir.Node] | None:
+    """``c * x``, ``x * c`` or ``x / c`` with ``c`` a number: ``(c, x)``."""
+    if not isinstance(node, ir.Binary) or node.op not in ("mul", "div"):
+        return None
+    pairs = [(node.right, node.left)]
+    if node.op == "mul":
+        pairs.append((node.left, node.right))
+    for factor, other in pairs:
+        if isinstance(factor, ir.Const) and isinstance(factor.value, (int, float)):
+            return float(factor.value), other
+    return None
 
 
 def _sign(weight: ir.Node) -> int:
