@@ -335,6 +335,16 @@ class Calls(Expressions):
                 entry = cst.SubscriptElement(cst.Index(cst.SimpleString(repr(entry_name))))
                 self.assign(cst.Subscript(value=func.value, slice=[entry]), self.eval(expr), call)
             return Py(None)
+        if (method in IN_PLACE or method == "copy_") and isinstance(func.value, cst.Subscript) and args:
+            # ``kl[:, start:end].copy_(x)``, ``kl[:, s:e].mul_(m)``: a write into
+            # the rows the subscript names, as ``kl[:, start:end] = x`` is.
+            written = (
+                self.eval(args[0].value)
+                if method == "copy_"
+                else self.method_op(IN_PLACE[method], receiver, args, kwargs, call)
+            )
+            self.assign(func.value, written, call)
+            return written
         if isinstance(func.value, cst.Name) and self.mutate(
             func.value.value, method, args, kwargs, call
         ):
@@ -378,13 +388,16 @@ class Calls(Expressions):
         if isinstance(receiver, (ir.Node, Choice, Flipped, Grouped)) and not isinstance(
             receiver, ir.Opaque
         ):
-            return self.method_op(method, receiver, args, kwargs, call)
+            # ``(exp(x) - x).sub_(1.0)``: an in-place method on a temporary is
+            # its operation; nothing else holds the tensor it changes.
+            return self.method_op(IN_PLACE.get(method, method), receiver, args, kwargs, call)
         if (
             isinstance(receiver, ir.Opaque)
             and ir.is_new_constant_tensor(receiver)
-            and method in lowering.SEGMENT_SUMS
+            and method in lowering.SEGMENT_SUMS | lowering.PUTS
         ):
-            # ``torch.zeros(n).index_add_(0, seg_ids, x)``: per-slot sums of ``x``.
+            # ``torch.zeros(n).index_add_(0, seg_ids, x)``: per-slot sums of ``x``;
+            # ``torch.zeros(n).index_put_((idx,), x)``: ``x`` in its slots.
             return self.method_op(method, receiver, args, kwargs, call)
         if isinstance(receiver, Unknown):
             if receiver.names == ("self",) and self.self_class is not None:
@@ -652,6 +665,10 @@ class Calls(Expressions):
         if method in IN_PLACE and isinstance(current, (ir.Node, Choice)):
             # ``kl.mul_(mask)``: the tensor becomes what the operation gives.
             self.env[name] = self.method_op(IN_PLACE[method], current, args, kwargs, call)
+            return True
+        if method == "copy_" and args and isinstance(current, (ir.Node, Choice)):
+            # ``buffer.copy_(x)``: the buffer holds ``x`` (autograd records the copy).
+            self.env[name] = self.eval(args[0].value)
             return True
         if method in MUTATING and name in self.env:
             self.env[name] = Unknown(name, (name,))

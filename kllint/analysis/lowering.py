@@ -141,11 +141,16 @@ IN_PLACE = {
     "detach_": "detach",
     "index_add_": "index_add",
     "scatter_add_": "scatter_add",
+    "index_put_": "index_put",
+    "scatter_": "scatter",
 }
 # Reductions a tensor method makes (``x.sum()``, ``x.mean(dim=-1)``).
 REDUCTIONS = frozenset({"sum", "mean", "nansum", "nanmean"})
 # ``out.index_add_(0, seg_ids, x)``: ``x`` summed into slots (packed sequences).
 SEGMENT_SUMS = frozenset({"index_add", "index_add_", "scatter_add", "scatter_add_"})
+# ``out.index_put_((indices,), values)``, ``out.scatter_(dim, index, src)``:
+# values written into the slots an index names (a packed batch padded back).
+PUTS = frozenset({"index_put", "index_put_", "scatter", "scatter_"})
 # Sizes are positive constants: a normaliser, not a gradient path.
 SIZE_METHODS = frozenset({"size", "numel", "dim"})
 # Methods kllint lowers on a value whose role is only known once resolved.
@@ -518,6 +523,23 @@ def _segment_sum(at: TorchCall, receiver: Value, args: Args, kwargs: Kwargs) -> 
     return at.binary("add", receiver, summed)
 
 
+def _put(position: int, keyword: str) -> MethodLowering:
+    """``torch.zeros(B * T).index_put_((indices,), per_token)``: a new tensor
+    of zeros holds the values written into it, each token's at its own
+    position (the slots not written stay zero, as padding is). Written into
+    a tensor that holds values of its own, the two mix: kllint cannot tell."""
+
+    def lower(at: TorchCall, receiver: Value, args: Args, kwargs: Kwargs) -> Value:
+        values = args[position] if len(args) > position else kwargs.get(keyword)
+        if values is None or not (
+            isinstance(receiver, ir.Node) and ir.is_new_constant_tensor(receiver)
+        ):
+            return ir.Opaque(at.code)
+        return values
+
+    return lower
+
+
 def _segment_reduce(at: TorchCall, args: Args, kwargs: Kwargs) -> Value | None:
     """``torch.segment_reduce(x, "sum", lengths=lengths)`` over the flat axis of
     packed sequences: each sequence's tokens reduced, a reduction over time."""
@@ -728,6 +750,10 @@ def _method_registry() -> dict[str, MethodLowering]:
     registry.setdefault("matmul", _matmul)
     for name in SEGMENT_SUMS:
         registry.setdefault(name, _segment_sum)
+    for name in ("index_put", "index_put_"):
+        registry.setdefault(name, _put(1, "values"))
+    for name in ("scatter", "scatter_"):
+        registry.setdefault(name, _put(2, "src"))
     # A new tensor of zeros (or ones) shaped like the receiver: a constant.
     registry.setdefault("new_zeros", lambda at, receiver, args, kwargs: ir.Const(0.0))
     registry.setdefault("new_ones", lambda at, receiver, args, kwargs: ir.Const(1.0))
