@@ -407,6 +407,11 @@ def _clamp(name: str) -> MethodLowering:
     return lower
 
 
+def _relu(at: TorchCall, receiver: Value, args: Args, kwargs: Kwargs) -> Value:
+    """``F.relu(kl - kl_budget)``: a hinge, ``clamp(min=0)``."""
+    return _clamp("clamp")(at, receiver, [], {"min": ir.Const(0.0)})
+
+
 def _reduce(name: str) -> MethodLowering:
     kind = "sum" if "sum" in name else "mean"
 
@@ -744,6 +749,8 @@ def _method_registry() -> dict[str, MethodLowering]:
         registry.setdefault(name, _binary(op))
     for name in ("clamp", "clip", "clamp_min", "clamp_max", "clip_"):
         registry.setdefault(name, _clamp(name))
+    for name in ("relu", "relu_"):
+        registry.setdefault(name, _relu)
     for name in REDUCTIONS:
         registry.setdefault(name, _reduce(name))
     registry.setdefault("cumsum", _cumsum)

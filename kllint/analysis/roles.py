@@ -129,6 +129,11 @@ COEFFICIENT_WORDS = frozenset(
         "gamma",
         "eps",
         "epsilon",
+        # A constraint's bound (``kl_budget`` in ``relu(kl - kl_budget)``): it
+        # moves the value, not the gradient.
+        "budget",
+        "threshold",
+        "margin",
         # Counts that normalise a loss (``loss / grad_accum``, ``/ num_mini_batches``).
         "accum",
         "accumulation",
