@@ -32,6 +32,7 @@ from kllint.analysis.project import Project
 from kllint.analysis.roles import (
     RolePatterns,
     may_compute_kl,
+    reference_kind,
     relevant_identifier,
     sketch_may_compute_kl,
 )
@@ -496,6 +497,8 @@ def _coefficients(term: ir.Node) -> set[str]:
 
 
 def _correct_together(terms: list[ir.Node]) -> bool:
+    if _towards_different_models(terms):
+        return False
     total = terms[0]
     for term in terms[1:]:
         total = ir.Binary("add", total, term)
@@ -503,6 +506,19 @@ def _correct_together(terms: list[ir.Node]) -> bool:
         return profile(total).sequence_correct
     except Unsupported:
         return False
+
+
+def _towards_different_models(terms: list[ir.Node]) -> bool:
+    """A KL to the reference beside a KL to an anchor checkpoint (or a
+    teacher): two regularisers, each right or wrong on its own."""
+    kinds: set[frozenset[str]] = set()
+    for term in terms:
+        named = frozenset().union(
+            *(reference_kind(a.name) for a in term.atoms() if a.role is ir.Role.REFERENCE_LOGP)
+        )
+        if named:
+            kinds.add(named)
+    return len(kinds) > 1
 
 
 # --------------------------------------------------------------------- findings

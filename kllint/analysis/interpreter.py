@@ -1292,14 +1292,24 @@ class Interpreter(Calls):
                 not self.context.calls[called_as] and self.context.calls_through_any(called_as) == 1
             )
         )
+        # A loss helper of this file called from one place inside a helper
+        # judged at its own call: a defect of its own (a k1 it reduces into a
+        # loss, whatever it is given) is still written where it is.
+        nested_alone = (
+            self.call_site is not None
+            and ref.module is self.context.module
+            and self.module is self.context.module
+            and _times_called(self.context.calls, ref, call) == 1
+            and not sinks.steerable(ref.node)
+        )
         if (
-            once_through_any
+            (once_through_any or nested_alone)
             and not in_place
             and result is not None
             and len(self.context.sinks) == sinks_before
             and (
                 (
-                    alone
+                    (alone or nested_alone)
                     and _defect_of_its_own(result, _maximised(ref))
                     # A KL returned under the penalty's sign alone: the
                     # caller's sign decides what is minimised, at the call.
@@ -1308,7 +1318,8 @@ class Interpreter(Calls):
                 or (
                     # ``apply_kl_penalty(batch, kl_penalty="low_var_kl")`` picks
                     # the estimator at the call: reported there.
-                    not any(
+                    once_through_any
+                    and not any(
                         isinstance(a.value, (cst.SimpleString, cst.ConcatenatedString))
                         for a in call.args
                     )

@@ -771,6 +771,23 @@ LOGIT_WORDS = frozenset({"logits", "logit"})
 TEACHER_WORDS = frozenset({"teacher", "teachers"})
 
 
+# Models other than the frozen reference that a policy may be regularised
+# towards, each a divergence of its own: a KL to the reference and a KL to
+# an anchor checkpoint are two regularisers, not two halves of one.
+_OTHER_ANCHORS = frozenset({"anchor", "teacher", "prior", "ema"})
+
+
+def reference_kind(name: str) -> frozenset[str]:
+    """Which model a reference log-prob is of, by its words: ``{"anchor"}``
+    for ``anchor_log_probs``, ``{"reference"}`` for ``ref_logps`` or
+    ``base_action_log_probs``; empty when the name does not say."""
+    found = set(words(name)) & REFERENCE_WORDS
+    kinds = found & _OTHER_ANCHORS
+    if found - _OTHER_ANCHORS:
+        kinds.add("reference")
+    return frozenset(kinds)
+
+
 def names_a_teacher(name: str) -> bool:
     """``teacher_logps``, ``t_teacher_lp``: the reference is a teacher."""
     return has_words(name, TEACHER_WORDS)

@@ -303,7 +303,17 @@ def _split_sum(node: ir.Binary) -> list[ir.Node]:
     # piece once, or the pieces double with every line.
     lefts = rights if node.left is node.right and node.op == "add" else _split(node.left)
     pieces = list({id(p): p for p in lefts + rights}.values())
-    if split:
+    if split or (
+        # ``pg_loss + coef * ref_kl_loss + anchor_kl_loss``: each KL piece a
+        # loss of its own with the policy's gradient, each its own term,
+        # however the sum is nested. (A detached KL beside one, a dual
+        # variable's loss, stays with the KL that regularises.)
+        left_ref
+        and right_ref
+        and all(
+            _is_reduced(p) and ir.depends_on_policy(p) for p in pieces if _has_reference(p)
+        )
+    ):
         return pieces
     # Both sides involve the reference, as in ``rewards - baseline`` where
     # the rewards hold a KL: separate losses hidden inside (the task
