@@ -335,16 +335,17 @@ class GradientProfile:
 UNCLASSIFIED = GradientProfile(Direction.OTHER, 0.0, Credit.OTHER, False, False)
 
 
-def _points(horizon: int, seed: int) -> list[_Point]:
+def _points(horizon: int, seed: int, *, task: bool = True) -> list[_Point]:
+    """Probe points; ``task=False``: the task's advantages zero, so that only
+    the KL part of a term is measured."""
     rng = random.Random(seed)
-    return [
-        _Point(
-            log_ratio=[rng.uniform(-1.5, 1.5) for _ in range(horizon)],
-            reference_logp=[rng.uniform(-2.5, -0.8) for _ in range(horizon)],
-            advantage=[rng.uniform(-1.0, 1.0) for _ in range(horizon)],
-        )
-        for _ in range(PROBES)
-    ]
+    points = []
+    for _ in range(PROBES):
+        log_ratio = [rng.uniform(-1.5, 1.5) for _ in range(horizon)]
+        reference_logp = [rng.uniform(-2.5, -0.8) for _ in range(horizon)]
+        advantage = [rng.uniform(-1.0, 1.0) for _ in range(horizon)]
+        points.append(_Point(log_ratio, reference_logp, advantage if task else [0.0] * horizon))
+    return points
 
 
 def _least_squares(rows: list[list[float]], target: list[float]) -> tuple[list[float], float]:
@@ -402,10 +403,38 @@ def _classify_local(a1: float, a2: float, quad: float, constant: float) -> tuple
 
 
 def profile(term: ir.Node) -> GradientProfile:
-    """The gradient profile of a loss term. Raises ``Unsupported``."""
+    """The gradient profile of a loss term. Raises ``Unsupported``.
+    A term that mixes the task's advantages with the KL inside a nonlinearity
+    (OPMD's ``(A - tau * log_ratio) ** 2``) has no KL profile as a whole; its
+    KL part is what remains with the advantages zero, as the maths measures it."""
+    found = _profile(term, task=True)
+    if found.direction is Direction.OTHER and _squares_advantage_with_kl(term):
+        kl_part = _profile(term, task=False)
+        if kl_part.direction not in (Direction.OTHER, Direction.NONE):
+            return kl_part
+    return found
+
+
+def _squares_advantage_with_kl(term: ir.Node) -> bool:
+    """A square of the advantages and the log-ratio together: a regression
+    of one onto the other (OPMD), the only place they mix nonlinearly."""
+    return any(
+        (
+            (isinstance(n, ir.Binary) and n.op == "pow" and _base_mixes(n.left))
+            or (isinstance(n, ir.Unary) and n.op == "square" and _base_mixes(n.arg))
+        )
+        for n in term.walk()
+    )
+
+
+def _base_mixes(base: ir.Node) -> bool:
+    return base.has_role(Role.ADVANTAGE) and base.has_role(Role.REFERENCE_LOGP)
+
+
+def _profile(term: ir.Node, *, task: bool) -> GradientProfile:
     # One token.
     rows, target = [], []
-    for p in _points(1, seed=1):
+    for p in _points(1, seed=1, task=task):
         c = gradient_coefficients(term, p)
         rows.append(_local_features(p.log_ratio[0]))
         target.append(c[0])
@@ -417,7 +446,7 @@ def profile(term: ir.Node) -> GradientProfile:
     )
 
     # Sequences: regress each token's coefficient on its own x, later x's and earlier x's.
-    points = _points(HORIZON, seed=2)
+    points = _points(HORIZON, seed=2, task=task)
     coefficients = [gradient_coefficients(term, p) for p in points]
     token_level = True
     credits: list[Credit] = []

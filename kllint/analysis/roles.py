@@ -126,6 +126,9 @@ COEFFICIENT_WORDS = frozenset(
         "scale",
         "ctl",
         "temperature",
+        # A KL's regularisation strength in mirror-descent objectives (OPMD's
+        # ``(r - tau * log_ratio) ** 2``).
+        "tau",
         "gamma",
         "eps",
         "epsilon",

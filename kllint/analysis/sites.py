@@ -164,8 +164,15 @@ def _is_value_regression(term: ir.Node) -> bool:
         and isinstance(node.left, ir.Binary)
         and node.left.op == "sub"
         and any(
-            not _has_reference(side) and side.has_role(Role.ADVANTAGE)
-            for side in (node.left.left, node.left.right)
+            not _has_reference(side)
+            and side.has_role(Role.ADVANTAGE)
+            # The KL in the target, not differentiated (OPMD's ``(r - tau *
+            # log_ratio) ** 2`` regresses the policy's own log-ratio: a KL).
+            and not ir.depends_on_policy(other)
+            for side, other in (
+                (node.left.left, node.left.right),
+                (node.left.right, node.left.left),
+            )
         )
     }
     return bool(regressions) and not ir.reaches(
