@@ -190,6 +190,11 @@ class Calls(Expressions):
                 module = "." * level + module
                 return self.call_module_function(module, name, call, args, kwargs)
             return self.call_builtin(callee, call, args, kwargs)
+        if isinstance(callee, ir.Atom) and isinstance(call.func, cst.Name):
+            # ``policy_logp_fn(batch)``: a parameter named like log-probs is
+            # called, so it is the function that computes them.
+            name = call.func.value
+            return self.call_builtin(Unknown(name, (name,)), call, args, kwargs)
         assumed = self.assumed_reduction(call)
         if assumed is not None:
             return assumed
