@@ -1049,9 +1049,12 @@ class Calls(Expressions):
         if source is None and isinstance(first, cst.Name):
             named = self.env.get(first.value)
             source = named if isinstance(named, Unknown) else None
+        # ``a.log_softmax(-1)`` in a helper given ``logits``: the logits the
+        # caller named, whatever the parameter is called.
+        given = [n for n in (source.names if source else ()) if roles.names_logits(n)]
         return Unknown(
             code(call),
-            (name, *hints, *(["probs"] if name == "softmax" else [])),
+            (name, *given, *hints, *(["probs"] if name == "softmax" else [])),
             call=True,
             # ``F.log_softmax(logits)`` in a helper given ``ref_model(ids).logits``:
             # the log-probs of the reference's logits are the reference's.

@@ -565,6 +565,15 @@ def _logprob_evidence(
             role = Role.REFERENCE_LOGP
     if role is not None:
         return role, name, prob
+    source = [n for n in unknown.names if names_logits(n)]
+    if target is None and unknown.logprob_op and unknown.distribution and source:
+        # ``ref_logits.log_softmax(-1)`` written inline, never assigned: the
+        # log-probs (``.softmax``: the probabilities) of the logits it names.
+        named = next(
+            (r for r in map(patterns.role_from_words, reversed(source)) if r is not None), None
+        )
+        role = Role.REFERENCE_LOGP if unknown.reference_model else named or Role.POLICY_LOGP
+        return role, source[-1], "probs" in unknown.names
     for hint in reversed(unknown.names):
         hint_role = patterns.logprob_role(hint)
         if hint_role is not None:
