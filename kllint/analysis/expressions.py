@@ -399,6 +399,11 @@ class Expressions(Frame):
             ):
                 # ``compute_kl = kl_penalty``: an old name kept for a renamed function.
                 return self.eval(constant)
+            if isinstance(constant, (cst.Tuple, cst.List)) and all(
+                isinstance(e.value, cst.SimpleString) for e in constant.elements
+            ):
+                # ``KL_LOG_ESTIMATORS = ("k1", "k2", "k3")``: names a loop goes through.
+                return self.eval(constant)
             if isinstance(constant, (cst.SimpleString, cst.Integer, cst.Float, cst.Name)):
                 return (
                     self.eval(constant)
