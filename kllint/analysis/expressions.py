@@ -525,6 +525,10 @@ class Expressions(Frame):
             method = self.context.project.method(*self.self_class, attr)
             if method is not None and method.is_property:
                 return self.inline(method, cst.Call(func=expr))
+            if method is not None:
+                # ``kl_fn = getattr(self, f"_kl_{cfg.kl_loss_type}")``, then
+                # ``kl_fn(logp, ref)``: the method, called where it is called.
+                return method
         if isinstance(base, (ir.Node, Choice)) and not isinstance(base, ir.Opaque):
             lowered = lowering.tensor_attribute(self.torch_call(expr), attr, base)
             return lowered if lowered is not None else Unknown(code(expr), (attr,))
