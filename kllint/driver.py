@@ -482,9 +482,9 @@ def _with_the_readers_divisors(assumed: ir.Node, known: ir.Node) -> bool:
         for node in known.walk()
         if isinstance(node, ir.Binary)
         and node.op == "div"
-        and isinstance(node.right, ir.Atom)
-        and node.right.role is ir.Role.COEFFICIENT
-        and node.right.name not in shared
+        # ``/ gradient_accumulation_steps``, ``/ (batch_size * max_len)``
+        and ir.settings_only(node.right)
+        and not _coefficients(node.right) & shared
     ]
     if not shared or not divisors:
         return False
