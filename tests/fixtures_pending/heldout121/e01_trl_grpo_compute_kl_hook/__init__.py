@@ -1,0 +1,3 @@
+from .lowvar_trainer import LowVarKLGRPOTrainer
+
+__all__ = ["LowVarKLGRPOTrainer"]
