@@ -340,7 +340,11 @@ class Calls(Expressions):
                 entry = cst.SubscriptElement(cst.Index(cst.SimpleString(repr(entry_name))))
                 self.assign(cst.Subscript(value=func.value, slice=[entry]), self.eval(expr), call)
             return Py(None)
-        if (method in IN_PLACE or method == "copy_") and isinstance(func.value, cst.Subscript) and args:
+        if (
+            (method in IN_PLACE or method == "copy_")
+            and isinstance(func.value, cst.Subscript)
+            and args
+        ):
             # ``kl[:, start:end].copy_(x)``, ``kl[:, s:e].mul_(m)``: a write into
             # the rows the subscript names, as ``kl[:, start:end] = x`` is.
             written = (

@@ -1663,8 +1663,8 @@ def _penalised(node: ir.Node, *, negative: bool) -> bool:
     if literal is not None:
         # ``-0.5 * seq_lr**2``: a literal's sign is the penalty's, whatever
         # the estimate it multiplies.
-        factor, estimate = literal
-        return _penalised(estimate, negative=negative != (factor < 0))
+        number, scaled = literal
+        return _penalised(scaled, negative=negative != (number < 0))
     if all(a.role in _ESTIMATE_ROLES for a in node.atoms()):
         return negative  # the estimate itself
     if isinstance(node, ir.CumSum):

@@ -317,9 +317,7 @@ def _split_sum(node: ir.Binary) -> list[ir.Node]:
         # variable's loss, stays with the KL that regularises.)
         left_ref
         and right_ref
-        and all(
-            _is_reduced(p) and ir.depends_on_policy(p) for p in pieces if _has_reference(p)
-        )
+        and all(_is_reduced(p) and ir.depends_on_policy(p) for p in pieces if _has_reference(p))
     ):
         return pieces
     # Both sides involve the reference, as in ``rewards - baseline`` where
