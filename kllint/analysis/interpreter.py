@@ -1229,11 +1229,10 @@ class Interpreter(Calls):
         # are placed inside it, where the code is written. A helper called
         # from several places may be right at one and wrong at another: its
         # findings are placed at the calls.
+        of_this_file = ref.module is self.context.module and self.module is self.context.module
+        called_once = _times_called(self.context.calls, ref, call) == 1
         called_once_here = (
-            self.call_site is None
-            and ref.module is self.context.module
-            and self.module is self.context.module
-            and (_times_called(self.context.calls, ref, call) == 1 or self.dispatched(ref, call))
+            self.call_site is None and of_this_file and (called_once or self.dispatched(ref, call))
         )
         alone = called_once_here and not sinks.steerable(ref.node)
         # Given only logits, the helper forms the log-probs and the estimate
@@ -1275,31 +1274,22 @@ class Interpreter(Calls):
             # sequence k2): what the caller makes of it (``pg_loss - beta *
             # self.sequence_kl_loss(...)``) is the caller's to answer for.
             site.reported_by_helper = False
-        here = (
-            self.call_site is None
-            and ref.module is self.context.module
-            and self.module is self.context.module
-        )
         called_as = _called_as(ref, call)
-        once = here and (
-            _times_called(self.context.calls, ref, call) == 1 or self.dispatched(ref, call)
-        )
         # ``maker.advantages_from(...)``, a method of a parameter's class: the
         # one call of that name in the file, through whatever receiver.
-        once_through_any = here and (
-            once
-            or (
-                not self.context.calls[called_as] and self.context.calls_through_any(called_as) == 1
-            )
+        once_through_any = called_once_here or (
+            self.call_site is None
+            and of_this_file
+            and not self.context.calls[called_as]
+            and self.context.calls_through_any(called_as) == 1
         )
         # A loss helper of this file called from one place inside a helper
         # judged at its own call: a defect of its own (a k1 it reduces into a
         # loss, whatever it is given) is still written where it is.
         nested_alone = (
             self.call_site is not None
-            and ref.module is self.context.module
-            and self.module is self.context.module
-            and _times_called(self.context.calls, ref, call) == 1
+            and of_this_file
+            and called_once
             and not sinks.steerable(ref.node)
         )
         if (
