@@ -16,7 +16,7 @@ from pathlib import Path
 import libcst as cst
 from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 
-from kllint.analysis import ir
+from kllint.analysis import ir, roles
 from kllint.analysis.gradient import Unsupported, profile
 from kllint.analysis.interpreter import (
     FileContext,
@@ -25,9 +25,10 @@ from kllint.analysis.interpreter import (
     called_names,
     inherited_hook_callers,
     iter_functions,
+    registered_callables,
 )
 from kllint.analysis.ir import clear_caches
-from kllint.analysis.module import FIRST_LINES, parse_module
+from kllint.analysis.module import FIRST_LINES, ClassInfo, parse_module
 from kllint.analysis.project import Project
 from kllint.analysis.roles import (
     RolePatterns,
@@ -38,6 +39,7 @@ from kllint.analysis.roles import (
 )
 from kllint.analysis.sinks import may_hold_a_finding
 from kllint.analysis.sites import KLSite, build_site, focus_of, kl_terms
+from kllint.analysis.syntax import descendants, string_key
 from kllint.analysis.values import (
     Choice,
     against_defaults,
@@ -121,6 +123,7 @@ def interpret(
         project=project,
         role_patterns=roles,
         calls=called_names(source),
+        registered=registered_callables(source),
     )
     configured = roles.policy or roles.reference or roles.old
 
@@ -134,7 +137,7 @@ def interpret(
             sketch_may_compute_kl(info.sketch, *key) and may_hold_a_finding(info, name, cls)
         )
 
-    for fn, cls in iter_functions(info, keep):
+    for fn, cls in _writers_of_kl_entries_first(iter_functions(info, keep), source):
         # A constructor builds an object; what it computes reaches no loss.
         # (Functions nested in it still run; it is still interpreted where
         # an object is built, for the attributes its methods read.)
@@ -157,6 +160,33 @@ def interpret(
         top_level = [s for s in parsed.body if not isinstance(s, (cst.FunctionDef, cst.ClassDef))]
         Interpreter(context, info).exec_block(top_level)
     return parsed, context.sinks
+
+
+# ``batch.batch["kld"] = kl_penalty(...)``: a KL stored under a key named as one.
+_KEY_WRITTEN = re.compile(r"""\[\s*["'](\w+)["']\s*\]\s*=(?!=)""")
+
+
+def _writers_of_kl_entries_first(
+    functions: Iterable[tuple[cst.FunctionDef, ClassInfo | None]], source: str
+) -> list[tuple[cst.FunctionDef, ClassInfo | None]]:
+    """The functions in the order they are interpreted: those that store a KL
+    under a key named as one (a trainer's reference step) before the rest, so
+    that a loss that reads it back (``mb.batch["kld"]``), written earlier in
+    the file, sees what was stored."""
+    ordered = list(functions)
+    if not any(roles.has_words(key, roles.KL_WORDS) for key in _KEY_WRITTEN.findall(source)):
+        return ordered
+    return sorted(ordered, key=lambda item: not _writes_a_kl_entry(item[0]))
+
+
+def _writes_a_kl_entry(fn: cst.FunctionDef) -> bool:
+    return any(
+        isinstance(node, cst.AssignTarget)
+        and isinstance(node.target, cst.Subscript)
+        and (key := string_key(node.target)) is not None
+        and roles.has_words(key, roles.KL_WORDS)
+        for node in descendants(fn)
+    )
 
 
 def _top_level_matters(names: set[str]) -> bool:

@@ -164,7 +164,10 @@ def build_index(files: Iterable[tuple[str, str]]) -> dict[str, list[Caller]]:
 
     def defined_here(path: str, name: str) -> bool:
         if path not in local_names:
-            local_names[path] = set(_DEF_NAME.findall(source_of.get(path, "")))
+            text = source_of.get(path, "")
+            local_names[path] = set(_DEF_NAME.findall(text)) | {
+                instance_call(cls) for cls in _CLASS_NAME.findall(text)
+            }
         return name in local_names[path]
 
     index: dict[str, list[Caller]] = {}
@@ -581,6 +584,7 @@ _OBJECT_ATTRIBUTE = re.compile(r"\bself\.(\w+)[ \t]*=[ \t]*([A-Z]\w*)\(")
 
 
 _DEF_NAME = re.compile(r"^[ \t]*(?:async[ \t]+)?def[ \t]+(\w+)", re.M)
+_CLASS_NAME = re.compile(r"^[ \t]*class[ \t]+(\w+)", re.M)
 _DEF = re.compile(r"^([ \t]*)(?:async[ \t]+)?def[ \t]+(\w+)[ \t]*\(")
 
 

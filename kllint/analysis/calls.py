@@ -214,6 +214,9 @@ class Calls(Expressions):
         if name == "dict" and not args and call.args:
             # ``dict(advantages=advantages, ...)``: the dict written out.
             return self.written_record(call, ())
+        held = self.mapping_built(name, args)
+        if held is not None:
+            return held
         if name == "sum" and args:
             # ``sum(losses.values())`` over a dict of loss terms; a list of
             # penalties appended one by one. ``sum(loss for mb in
@@ -245,6 +248,15 @@ class Calls(Expressions):
             # them whole, so it is never a per-token clip).
             if all(_a_number(self.eval(arg.value)) for arg in args):
                 return ir.Atom(Role.COEFFICIENT, code(call))
+        if name in ("list", "tuple") and len(args) == 1 and not kwargs:
+            # ``list(map(sequence_k2, logps, ref_logps))``: the same items.
+            items = self.eval(args[0].value)
+            if isinstance(items, Seq):
+                return items
+        if name in ("map", "zip") and args and not kwargs:
+            mapped = self.map_rows(name, call, args)
+            if mapped is not None:
+                return mapped
         if name == "zip" and len(call.args) == 1 and call.args[0].star == "*":
             # ``pg_terms, kl_terms = zip(*[terms(mb) for mb in micro_batches])``:
             # the tuples each step returned, transposed.
@@ -289,6 +301,10 @@ class Calls(Expressions):
                     description = sinks.backward_description(full_code(call), method)
                     self.add_sink(value, description, True, call, backward=True)
             return Py(None)
+        if method == "remote":
+            remote = self.ray_remote_call(func.value, call)
+            if remote is not None:
+                return remote
         if _calls_super(func.value) and self.cls is not None and method != "__init__":
             # ``pg_loss, metrics = super().compute_loss(logprobs, data)`` in an
             # override: the base class's method, on the same object.
@@ -365,7 +381,7 @@ class Calls(Expressions):
             key = _string_key(args[:1])
             if key is not None:
                 stored = self.eval(args[1].value)
-                if sinks.may_hold_kl(stored):
+                if sinks.may_hold_kl(stored) or sinks.carries_the_policys_gradient(stored):
                     self.context.write(receiver, key, stored)
                     return receiver
         if isinstance(receiver, Instance) and method == lowering.SAVE_FOR_BACKWARD:
@@ -436,6 +452,109 @@ class Calls(Expressions):
             return None
         return self.context.project.class_named(annotation.value, self.module)
 
+    def map_rows(self, name: str, call: cst.Call, args: list[cst.Arg]) -> Value | None:
+        """``zip(logps, ref_logps)`` of tensors: one row of each, standing for
+        every row, as a loop over them binds it. ``map(sequence_k2, logps,
+        ref_logps)``: the function applied to those rows."""
+        given = args[1:] if name == "map" else args
+        if not given or any(a.star for a in given):
+            return None
+        iterated = [self.eval(a.value) for a in given]
+        if (
+            name == "map"
+            and len(iterated) == 1
+            and isinstance(iterated[0], Seq)
+            and not iterated[0].appended
+            and iterated[0].items
+        ):
+            # ``map(lambda t: t.detach().float(), (logp, old, ref))``: each item.
+            each = [self.apply_to_rows(args[0].value, call, [item]) for item in iterated[0].items]
+            return Seq(each) if all(v is not None for v in each) else None  # type: ignore[arg-type]
+        rows = [_row(value) for value in iterated]
+        tensors = (ir.Node, Choice) if name == "zip" else (ir.Node, Choice, Unknown)
+        if not all(isinstance(r, tensors) for r in rows):
+            return None
+        if name == "zip":
+            return Seq([Seq(rows)], appended=True)
+        applied = self.apply_to_rows(args[0].value, call, rows)
+        return Seq([applied], appended=True) if applied is not None else None
+
+    def apply_to_rows(
+        self, function: cst.BaseExpression, call: cst.Call, rows: list[Value]
+    ) -> Value | None:
+        """A function of the project (a lambda, a ``partial``) or of the
+        ``operator`` module called on values already evaluated."""
+        if (
+            isinstance(function, cst.Attribute)
+            and isinstance(function.value, cst.Name)
+            and function.value.value == "operator"
+            and function.attr.value in _OPERATORS
+            and len(rows) == 2
+        ):
+            return self.binary(_OPERATORS[function.attr.value], rows[0], rows[1], call)
+        callee = self.function_given(function)
+        if not isinstance(callee, FuncRef):
+            return None
+        placeholders = [cst.Arg(value=cst.Name("_row")) for _ in rows]
+        return self.inline(callee, call, evaluated=rows, arguments=placeholders)
+
+    def reduce_with_an_operator(self, call: cst.Call, args: list[cst.Arg]) -> Value | None:
+        """``functools.reduce(operator.add, terms)``: the terms added up."""
+        op = args[0].value
+        if not (
+            isinstance(op, cst.Attribute)
+            and isinstance(op.value, cst.Name)
+            and op.value.value == "operator"
+            and op.attr.value in ("add", "mul", "iadd", "imul")
+        ):
+            return None
+        kind = _OPERATORS[op.attr.value]
+        start = self.eval(args[2].value) if len(args) == 3 else None
+
+        def fold(terms: Value) -> Value | None:
+            if isinstance(terms, Choice):
+                # ``terms.append(kl_term)`` under a flag: each list it may be.
+                folded = [(label, fold(option)) for label, option in terms.options]
+                if any(f is None for _, f in folded):
+                    return None
+                return choice([(label, f) for label, f in folded if f is not None])
+            if not isinstance(terms, Seq) or not terms.items:
+                return None
+            items = [start, *terms.items] if start is not None else list(terms.items)
+            total = items[0]
+            for item in items[1:]:
+                total = self.binary(kind, total, item, call)
+            return total
+
+        return fold(self.eval(args[1].value))
+
+    def ray_remote_call(self, target: cst.BaseExpression, call: cst.Call) -> Value | None:
+        """``self.ref_actor.kl_to_reference.remote(...)``: the method of the one
+        Ray actor class of this file that defines it (``shape.remote(...)``
+        of a ``@ray.remote`` function likewise), run in another process. What
+        it returns arrives there without a graph: detached."""
+        ref: FuncRef | None = None
+        if isinstance(target, cst.Attribute):
+            name = target.attr.value
+            owners = [
+                c
+                for c in self.module.classes.values()
+                if name in c.methods and _ray_remote(c.node.decorators)
+            ]
+            if len(owners) == 1:
+                ref = self.context.project.method(owners[0], self.module, name)
+                if ref is not None:
+                    # The actor's own methods are what ``self`` reaches there.
+                    ref = replace(ref, receiver=Instance(owners[0], self.module, unbuilt=True))
+        elif isinstance(target, cst.Name):
+            fn = self.module.functions.get(target.value)
+            if fn is not None and _ray_remote(fn.decorators):
+                ref = FuncRef(fn, self.module)
+        if ref is None:
+            return None
+        result = self.inline(ref, call)
+        return self.lift1(result, ir.detach) if isinstance(result, (ir.Node, Choice)) else result
+
     def method_of_a_local(
         self, expr: cst.BaseExpression, receiver: Unknown, method: str
     ) -> FuncRef | None:
@@ -464,7 +583,11 @@ class Calls(Expressions):
             owners = [c for c in self.module.classes.values() if method in c.methods]
             ref = project.method(owners[0], self.module, method) if len(owners) == 1 else None
         if ref is not None and sinks.is_loss_function(
-            method, ref.cls.name if ref.cls else None, self.context.calls, selects=False
+            method,
+            ref.cls.name if ref.cls else None,
+            self.context.calls,
+            selects=False,
+            registered=self.context.registered,
         ):
             # ``trainer.actor_loss(...)``: a loss is judged where it is
             # defined, as an entry; followed here it would be reported twice.
@@ -732,10 +855,44 @@ class Calls(Expressions):
     ) -> Value:
         level = len(module) - len(module.lstrip("."))
         module = module.lstrip(".")
+        if module == "operator" and name in _OPERATORS and args and not kwargs:
+            # ``operator.sub(log_prob, ref_log_prob)``: the operation written out.
+            operands = [self.eval(a.value) for a in args]
+            if len(operands) == 1 and name == "neg":
+                return self.lift1(operands[0], lambda n: ir.neg(n, self.origin(call)))
+            if len(operands) == 2 and name != "neg":
+                return self.binary(_OPERATORS[name], operands[0], operands[1], call)
+        if module == "functools" and name == "reduce" and len(args) in (2, 3):
+            folded = self.reduce_with_an_operator(call, args)
+            if folded is not None:
+                return folded
+        if module == "itertools" and name == "starmap" and len(args) == 2:
+            rows = self.eval(args[1].value)
+            row = rows.items[0] if isinstance(rows, Seq) and rows.items else None
+            if isinstance(row, Seq) and row.items:
+                applied = self.apply_to_rows(args[0].value, call, list(row.items))
+                if applied is not None:
+                    return Seq([applied], appended=True)
+        if module == "ray" and name == "get" and len(args) == 1:
+            # ``ray.get(ref)``: what the remote call gave (see ``ray_remote_call``).
+            return self.eval(args[0].value)
         if module == "functools" and name == "partial" and args:
             partial = self.partial(args, kwargs)
             if partial is not None:
                 return partial
+        if (
+            module.split(".")[0] == "einops"
+            and name == "einsum"
+            and len(args) >= 2
+            and isinstance(args[-1].value, cst.SimpleString)
+        ):
+            summed = lowering.einops_einsum(
+                self.torch_call(call),
+                str(args[-1].value.evaluated_value),
+                [self.eval(a.value) for a in args[:-1]],
+            )
+            if summed is not None:
+                return summed
         if len(args) >= 2 and isinstance(args[1].value, cst.SimpleString):
             pattern = args[1].value.evaluated_value
             if lowering.is_einops_view(module, name, pattern):
@@ -909,6 +1066,11 @@ class Calls(Expressions):
             # ``-F.cross_entropy(logits, ids, reduction="none")`` of a helper's
             # own ``logits``, given the reference model's: the reference's.
             node = self.named_by_source(replace(log_prob, distribution=False))
+        elif (not isinstance(node, ir.Node) or isinstance(node, ir.Opaque)) and log_prob.names:
+            # Of logits no reference model gave (``token_nll(logits, ids)`` of
+            # the trained model's): the policy's, with its gradient unless cut.
+            atom: ir.Node = ir.Atom(Role.POLICY_LOGP, _source_name(log_prob), per_token=True)
+            node = ir.detach(atom) if log_prob.detached or self.no_grad else atom
         if not isinstance(node, ir.Node) or isinstance(node, ir.Opaque):
             return None
         return ir.neg(node, origin)
@@ -916,8 +1078,7 @@ class Calls(Expressions):
     def named_by_source(self, log_probs: Unknown) -> Value:
         """Log-probs computed in an expression, not assigned to a name, named
         by what they were computed from (``logits``, not ``.transpose``)."""
-        named = [n for n in log_probs.names if n not in lowering.TENSOR_METHODS]
-        return self.resolve(log_probs, named[-1] if named else log_probs.names[-1])
+        return self.resolve(log_probs, _source_name(log_probs))
 
     def named_call(
         self,
@@ -951,10 +1112,21 @@ class Calls(Expressions):
         credited = self.advantage_estimator(name, call)
         if credited is not None:
             return credited
+        held = self.mapping_built(name, args)
+        if held is not None:
+            return held
         assumed = self.assumed_reduction(call)
         if assumed is not None:
             return assumed
         return Unknown(code(call), (name,), call=True, reference_model=self._reference_args(call))
+
+    def mapping_built(self, name: str, args: list[cst.Arg]) -> DictVal | None:
+        """``TensorDict({"loss_kl": ...}, batch_size=[])``: a mapping class of
+        a framework built from a dict holds that dict's entries."""
+        if not (name[:1].isupper() and args and isinstance(args[0].value, cst.Dict)):
+            return None
+        held = self.eval(args[0].value)
+        return held if isinstance(held, DictVal) else None
 
     def assumed_reduction(self, call: cst.Call) -> Value | None:
         """A call kllint cannot follow (a callable attribute, a parameter, a
@@ -1048,6 +1220,12 @@ class Calls(Expressions):
         if any(roles.names_a_critic(h) and roles.names_logits(h) for h in hints):
             # ``F.log_softmax(value_logits)``: a categorical critic's value bins.
             return Unknown(code(call), (name, "critic"), call=True)
+        if receiver is not None and any(
+            roles.has_words(n, roles.REWARD_MODEL_WORDS) for n in receiver.names
+        ):
+            # ``self.prm.log_probs(ids)``: a reward model's own log-probs (PRIME's
+            # implicit process reward), data for a score, not the policy's.
+            return Unknown(code(call), ("reward model",), call=True)
         source = receiver or argument
         first = _unscaled(args[0].value) if args else None
         if source is None and isinstance(first, cst.Name):
@@ -1119,7 +1297,8 @@ class Calls(Expressions):
             # ``rollout_data.get("ref_log_probs")`` reads an entry as a subscript
             # does. With a default (``data.get("logprobs", curr_logprobs)``) it
             # may be what the caller computed, with its gradient.
-            return self.entry(receiver, key, code(call))
+            written = self.context.read(receiver, key)
+            return written if written is not None else self.entry(receiver, key, code(call))
         if method == "get" and key is not None and len(args) == 2 and not receiver.call:
             # ``cfg.get("kl_type", "k3")``: the package's default for that
             # setting, else the fallback given here (a selector's literal).
@@ -1355,3 +1534,42 @@ def _a_number(value: Value) -> bool:
             value.names[-1] if value.names else value.text
         ) in (None, Role.COEFFICIENT)
     return False
+
+
+def _ray_remote(decorators: Sequence[cst.Decorator]) -> bool:
+    """``@ray.remote`` or ``@ray.remote(num_gpus=1)``."""
+    for decorator in decorators:
+        expr = decorator.decorator
+        if isinstance(expr, cst.Call):
+            expr = expr.func
+        if (dotted_name(expr) or "").endswith("remote"):
+            return True
+    return False
+
+
+def _source_name(log_probs: Unknown) -> str:
+    """What log-probs were computed from (``logits``, not ``.transpose``)."""
+    named = [n for n in log_probs.names if n not in lowering.TENSOR_METHODS]
+    return named[-1] if named else log_probs.names[-1]
+
+
+# The ``operator`` module's arithmetic, as the interpreter names it.
+_OPERATORS = {
+    "add": "add",
+    "iadd": "add",
+    "sub": "sub",
+    "isub": "sub",
+    "mul": "mul",
+    "imul": "mul",
+    "truediv": "div",
+    "itruediv": "div",
+    "pow": "pow",
+    "neg": "neg",
+}
+
+
+def _row(value: Value) -> Value:
+    """One row of what is iterated: a list's item, a tensor's own value."""
+    if isinstance(value, Seq):
+        return value.items[0] if value.items else value
+    return value

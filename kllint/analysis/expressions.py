@@ -595,6 +595,30 @@ class Expressions(Frame):
             return Unknown(code(expr), (attr,))
         return Unknown(code(expr), (attr,))
 
+    def weight_setting(self, base: Unknown, key: str, expr: cst.Subscript) -> ir.Node | None:
+        """``self.config.loss_weights["kl_loss"]`` of a settings dict whose
+        default gives the entry a number: a coefficient with that number's
+        sign (``"kl_loss": -0.1`` subtracts the term it weighs)."""
+        chain = tuple(base.text.split(".")) if _DOTTED_NAME.fullmatch(base.text) else ()
+        at = next(
+            (i for i, n in enumerate(chain) if set(roles.words(n)) & selectors.CONFIG_WORDS),
+            None,
+        )
+        if at is None or at + 1 >= len(chain):
+            return None
+        path = ".".join((*chain[at + 1 :], key))
+        numbers = [
+            d.value
+            for d in self.context.project.config_defaults(self.context.fs_path, path)
+            if isinstance(d.value, (int, float)) and not isinstance(d.value, bool)
+        ]
+        if not numbers:
+            return None
+        weight = ir.Atom(Role.COEFFICIENT, code(expr))
+        if all(n < 0 for n in numbers):
+            return ir.neg(weight)
+        return weight if all(n > 0 for n in numbers) else None
+
     def negative_coefficient(self, attr: str) -> bool:
         """A setting named like a coefficient whose every default in the
         package is a negative number."""
@@ -631,7 +655,7 @@ class Expressions(Frame):
         init = _constructor(self.cls, attr)
         if init is None:
             return None
-        built = _init_assignments(init).get(attr, [])
+        built = _init_assignments(init).get(attr, []) or self.chosen_in_init(init, attr)
         if len(built) != 1 or not isinstance(built[0], cst.Call):
             return None
         call = built[0]
@@ -666,6 +690,22 @@ class Expressions(Frame):
         if not all(inert(v, _setting_read(a.value)) for a, v in zip(call.args, arguments)):
             return None
         return self.instantiate(found[0], found[1], call, arguments)
+
+    def chosen_in_init(self, init: cst.FunctionDef, attr: str) -> list[cst.BaseExpression]:
+        """``if config.kl_estimator == "seq_k2": self.kl = SequenceK2()
+        elif ...``: the value of the branch the settings' defaults take, when
+        every branch of one ``if`` at the top of ``__init__`` sets ``self.attr``
+        (or raises) and the conditions can be read."""
+        for chain in _branch_assignments(init).get(attr, []):
+            for test, value in chain:
+                if test is None:
+                    return [value] if value is not None else []
+                (taken,) = self.eval_in_init(init, [test])
+                if not isinstance(taken, Py) or not isinstance(taken.value, bool):
+                    return []
+                if taken.value:
+                    return [value] if value is not None else []
+        return []
 
     def class_built(
         self, init: cst.FunctionDef, func: cst.BaseExpression
@@ -709,6 +749,10 @@ class Expressions(Frame):
             # ``self.gamma = 1.0``: a number the class fixes (a discount, a
             # coefficient), read as written.
             return ir.Const(float(assigned[0].evaluated_value))
+        if len(assigned) == 1 and _undiscounted_by_default(init, attr, assigned[0]):
+            # ``self.gamma = gamma`` with ``gamma=1.0`` in the signature: no
+            # discount unless a caller asks for one.
+            return ir.Const(1.0)
         if (
             len(assigned) != 1
             or not isinstance(assigned[0], (cst.Call, cst.Subscript, cst.Name, cst.Attribute))
@@ -753,6 +797,14 @@ class Expressions(Frame):
         package passes that parameter."""
         env: dict[str, Value] = {}
         for param in named_params(init):
+            if (
+                isinstance(param.default, cst.Name)
+                and param.default.value[:1].isupper()
+                and param.default.value not in ("None", "True", "False")
+            ):
+                # ``cfg: MasterConfig = DEFAULT_CONFIG``: the module's settings.
+                env[param.name.value] = self.eval(param.default)
+                continue
             if self.cls is None or (
                 param.default is not None and not selectors.is_selector_literal(param.default)
             ):
@@ -772,6 +824,11 @@ class Expressions(Frame):
         saved = self.env, self.function_node
         self.env, self.function_node = env, init
         try:
+            # ``lc = cfg["loss_fn"]`` before ``KL_LOSSES[lc["kl_loss"]]()``:
+            # the locals the expressions read, as ``__init__`` set them.
+            read = set().union(*(_names_in(e) for e in expressions))
+            for name, value in _init_locals(init, read, known=set(env)):
+                env[name] = self.eval(value)
             return [self.eval(expression) for expression in expressions]
         finally:
             self.env, self.function_node = saved
@@ -851,6 +908,9 @@ class Expressions(Frame):
                     return entry
                 if default is not None:
                     return default
+                weight = self.weight_setting(base, key, expr)
+                if weight is not None:
+                    return weight
             # Slicing keeps what a tensor is; a string key names what it holds.
             return self.entry(base, key, code(expr), per_token=_cut_along_time(expr, base))
         if (
@@ -1118,7 +1178,7 @@ def _constructor(cls: ClassInfo, attr: str) -> cst.FunctionDef | None:
     for name in (*_SETUP_METHODS, *_setup_steps(cls)):
         method = cls.methods.get(name)
         if method is not None and isinstance(method.body, cst.IndentedBlock):
-            if attr in _init_assignments(method):
+            if attr in _init_assignments(method) or attr in _branch_assignments(method):
                 return method
     return None
 
@@ -1159,6 +1219,137 @@ def _init_assignments(init: cst.FunctionDef) -> dict[str, list[cst.BaseExpressio
                 table.setdefault(target.attr.value, []).append(value)
     _INIT_ASSIGNMENTS[id(init)] = (init, table)
     return table
+
+
+# Names of a return's discount and of GAE's lambda.
+_DISCOUNT_WORDS = frozenset({"gamma", "lam", "lambd", "lmbda", "lambda", "discount"})
+
+
+def _undiscounted_by_default(
+    init: cst.FunctionDef, attr: str, assigned: cst.BaseExpression
+) -> bool:
+    """``self.lam = lam`` where ``__init__`` has ``lam=1.0``: a discount whose
+    default is 1."""
+    if not (isinstance(assigned, cst.Name) and set(roles.words(attr)) & _DISCOUNT_WORDS):
+        return False
+    for param in named_params(init):
+        if param.name.value == assigned.value:
+            return (
+                isinstance(param.default, (cst.Float, cst.Integer))
+                and float(param.default.evaluated_value) == 1.0
+            )
+    return False
+
+
+def _branch_assignments(
+    init: cst.FunctionDef,
+) -> dict[str, list[list[tuple[cst.BaseExpression | None, cst.BaseExpression | None]]]]:
+    """For each ``self.attr`` that every branch of an ``if``/``elif``/``else``
+    at the top level of ``__init__`` sets (a branch may raise instead: None),
+    the branches as (condition, value), ``else`` with condition None."""
+    cached = _BRANCH_ASSIGNMENTS.get(id(init))
+    if cached is not None and cached[0] is init:
+        return cached[1]
+    table: dict[str, list[list[tuple[cst.BaseExpression | None, cst.BaseExpression | None]]]] = {}
+    for statement in init.body.body if isinstance(init.body, cst.IndentedBlock) else []:
+        if not isinstance(statement, cst.If):
+            continue
+        branches: list[tuple[cst.BaseExpression | None, cst.BaseSuite]] = []
+        node: cst.If | cst.Else | None = statement
+        while node is not None:
+            if isinstance(node, cst.If):
+                branches.append((node.test, node.body))
+                node = node.orelse
+            else:
+                branches.append((None, node.body))
+                node = None
+        sets = [_branch_sets(body) for _, body in branches]
+        raising = [s is None for s in sets]
+        common = (
+            set.intersection(*(set(s) for s in sets if s is not None))
+            if not all(raising)
+            else set()
+        )
+        for attr in common:
+            table.setdefault(attr, []).append(
+                [(test, None if s is None else s[attr]) for (test, _), s in zip(branches, sets)]
+            )
+    _BRANCH_ASSIGNMENTS[id(init)] = (init, table)
+    return table
+
+
+def _branch_sets(body: cst.BaseSuite) -> dict[str, cst.BaseExpression] | None:
+    """``self.x = value`` lines of one branch (each set once), or None for a
+    branch that only raises."""
+    statements = body.body if isinstance(body, cst.IndentedBlock) else []
+    sets: dict[str, cst.BaseExpression] = {}
+    for statement in statements:
+        if not isinstance(statement, cst.SimpleStatementLine):
+            return {}
+        for small in statement.body:
+            if isinstance(small, cst.Raise):
+                return None
+            if (
+                isinstance(small, cst.Assign)
+                and len(small.targets) == 1
+                and isinstance(small.targets[0].target, cst.Attribute)
+                and isinstance(small.targets[0].target.value, cst.Name)
+                and small.targets[0].target.value.value == "self"
+            ):
+                attr = small.targets[0].target.attr.value
+                if attr in sets:
+                    return {}
+                sets[attr] = small.value
+    return sets
+
+
+_BRANCH_ASSIGNMENTS: dict[
+    int,
+    tuple[
+        cst.FunctionDef,
+        dict[str, list[list[tuple[cst.BaseExpression | None, cst.BaseExpression | None]]]],
+    ],
+] = {}
+
+
+_DOTTED_NAME = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+")
+
+
+def _init_locals(
+    init: cst.FunctionDef, read: set[str], known: set[str]
+) -> list[tuple[str, cst.BaseExpression]]:
+    """The local names ``__init__`` assigns once at its top level that
+    ``read`` depends on, with their values, in the order written; only those
+    whose parameters are ``known`` (a default read): ``cfg = dict(cfg_arg or
+    {})`` of a parameter the caller gives stays what the parameter is."""
+    assigned: dict[str, list[cst.BaseExpression]] = {}
+    for statement in init.body.body if isinstance(init.body, cst.IndentedBlock) else []:
+        if isinstance(statement, cst.SimpleStatementLine):
+            for small in statement.body:
+                if (
+                    isinstance(small, cst.Assign)
+                    and len(small.targets) == 1
+                    and isinstance(small.targets[0].target, cst.Name)
+                ):
+                    assigned.setdefault(small.targets[0].target.value, []).append(small.value)
+    wanted: set[str] = set()
+    frontier = read & assigned.keys()
+    while frontier:
+        wanted |= frontier
+        frontier = {
+            n for name in frontier for n in _names_in(assigned[name][0]) if n in assigned
+        } - wanted
+    # A parameter given a new value (``config = {**DEFAULTS, **(config or {})}``)
+    # is still the caller's: left to what the parameter is.
+    params = {param.name.value for param in named_params(init)}
+    unknown = (params - known) | {name for name, values in assigned.items() if len(values) > 1}
+    ordered = []
+    for name in assigned:
+        if name in params or name in unknown or _names_in(assigned[name][0]) & unknown:
+            unknown.add(name)  # and so is what is computed from it
+        elif name in wanted:
+            ordered.append(name)
+    return [(name, assigned[name][0]) for name in ordered]
 
 
 def compare(operator: cst.BaseCompOp, left: Value, right: Value) -> bool | None:

@@ -52,6 +52,7 @@ class FileContext:
     role_patterns: roles.RolePatterns
     sinks: list[Sink] = field(default_factory=list)
     calls: Counter[str] = field(default_factory=Counter)  # calls written in this file, by name
+    registered: frozenset[str] = frozenset()  # what this file stores in a registry it reads
     # The enclosing function's locals of each nested ``def`` of this file
     # (by node id), from that function's own analysis: what the nested
     # function, analysed on its own after it, closes over.

@@ -115,6 +115,7 @@ class Interpreter(Calls):
             self.cls.name if self.cls else None,
             self.context.calls,
             selects=_has_selector_parameter(fn),
+            registered=self.context.registered,
         )
         enclosing = self.context.closures.get(id(fn)) if self.depth == 0 else None
         if enclosing is not None:
@@ -201,10 +202,28 @@ class Interpreter(Calls):
 
     def exec_block(self, statements: Sequence[cst.CSTNode]) -> bool:
         """Returns True when every path through the block returned."""
+        # Statements run after ``model.set_adapter("ref")`` and before the
+        # switch back: what they compute with the model is the reference's,
+        # as under ``with model.disable_adapter():``.
+        on_reference: list[cst.CSTNode] | None = None
         for statement in statements:
+            switch = _adapter_switch(statement)
+            if switch is not None:
+                if on_reference:
+                    self.as_reference(on_reference)
+                on_reference = [] if switch else None
+            elif on_reference is not None:
+                on_reference.append(statement)
             if self.exec_statement(statement):
                 return True
+        if on_reference:
+            self.as_reference(on_reference)
         return False
+
+    def as_reference(self, statements: list[cst.CSTNode]) -> None:
+        for name in _assigned_names(cst.IndentedBlock(body=statements), unpacked=True):  # type: ignore[arg-type]
+            if name in self.env:
+                self.env[name] = roles.as_reference(name, self.env[name])
 
     def exec_statement(self, statement: cst.CSTNode) -> bool:
         if isinstance(statement, cst.SimpleStatementLine):
@@ -229,8 +248,11 @@ class Interpreter(Calls):
                     self.assign(item.asname.name, Unknown(code(item.item), ("context",)), item)
             done = self.exec_block(statement.body.body)
             self.no_grad = saved
-            if any(roles.gives_the_reference(item.item) for item in statement.items):
-                for name in _assigned_names(statement.body):
+            if any(
+                roles.gives_the_reference(item.item) or self.returns_a_reference_context(item.item)
+                for item in statement.items
+            ):
+                for name in _assigned_names(statement.body, unpacked=True):
                     if name in self.env:
                         self.env[name] = roles.as_reference(name, self.env[name])
             return done
@@ -248,6 +270,28 @@ class Interpreter(Calls):
             )
             return False
         return False
+
+    def returns_a_reference_context(self, context: cst.BaseExpression) -> bool:
+        """``with self.optional_peft_ctx():``, a method of the class that
+        returns ``...disable_adapter()`` (TRL's PPO trainer)."""
+        if not (
+            isinstance(context, cst.Call)
+            and isinstance(context.func, cst.Attribute)
+            and isinstance(context.func.value, cst.Name)
+            and context.func.value.value == "self"
+            and self.cls is not None
+        ):
+            return False
+        method = self.cls.methods.get(context.func.attr.value)
+        return method is not None and any(
+            isinstance(node, cst.Return)
+            and node.value is not None
+            and any(
+                isinstance(n, cst.Name) and n.value in roles.REFERENCE_CONTEXTS
+                for n in descendants(node.value)
+            )
+            for node in descendants(method)
+        )
 
     def exec_loop(self, statement: cst.For | cst.While) -> None:
         """A loop body runs once. A loop over time (``for t in
@@ -362,6 +406,13 @@ class Interpreter(Calls):
         through a registry (a dict of terms, a decorator's table), never
         called by its name: the dispatch is where it is called from. (A
         table of lambdas is a table of estimators, judged at the dispatch.)"""
+        if _remote_call_of(call, ref.name):
+            # ``self.shaper.shape.remote(...)``, a Ray actor's method called
+            # from one place: there.
+            return (
+                not self.context.calls_anywhere(ref.name)
+                and self.module.source.count(f"{ref.name}.remote(") == 1
+            )
         return (
             isinstance(call.func, cst.Subscript)
             and ref.name != "lambda"  # a lambda is made a function named so
@@ -1025,7 +1076,7 @@ class Interpreter(Calls):
             if (
                 isinstance(container, Unknown)
                 and key is not None
-                and (sinks.may_hold_kl(value) or _with_the_policys_gradient(value))
+                and (sinks.may_hold_kl(value) or sinks.carries_the_policys_gradient(value))
             ):
                 # Also the policy's log-probs with their gradient
                 # (``mb["log_prob"] = log_prob`` before ``compute_loss(mb)``): a
@@ -1038,11 +1089,12 @@ class Interpreter(Calls):
         elif (
             isinstance(target, cst.Subscript)
             and isinstance(target.value, cst.Attribute)
-            and sinks.may_hold_kl(value)
+            and (sinks.may_hold_kl(value) or sinks.carries_the_policys_gradient(value))
         ):
             # ``data.batch["token_level_rewards"] = scores - beta * kld`` in
             # verl's ``apply_kl_penalty``: the caller reads it back from its
-            # own name for the batch.
+            # own name for the batch. So are the policy's log-probs
+            # (``mb.batch["log_prob"] = ...`` before ``self._kl_loss(mb)``).
             key = string_key(target)
             container = self.eval(target.value)
             if key is not None and isinstance(container, Unknown):
@@ -1461,6 +1513,11 @@ def _defect_of_its_own(value: Value, maximised: bool = False) -> bool:
     ]
     if not terms or any(_per_token_reference(term) for term, _ in terms):
         return False
+    if not maximised and not any(_over_the_batch(node) for node in tensors_of(value)):
+        # ``sequence_kl_k3(logp, ref, mask)``: one estimate per sequence,
+        # which the caller makes into a loss (or a reward): its call is where
+        # the estimate enters, as for a per-token one.
+        return False
     for term, with_gradient in terms:
         found = sites.profile_of(term)
         if found is None:
@@ -1473,6 +1530,14 @@ def _defect_of_its_own(value: Value, maximised: bool = False) -> bool:
             # (``exp(lq - lmu)`` beside ``exp(lp - lmu)``), whatever it is given.
             return True
     return False
+
+
+def _over_the_batch(node: ir.Node) -> bool:
+    """Whether a value is reduced over the sequences of the batch (a loss),
+    not left one value per sequence."""
+    return any(
+        isinstance(n, ir.Reduce) and n.axis in (ir.Axis.BATCH, ir.Axis.ALL) for n in node.walk()
+    )
 
 
 def _right_as_returned(value: Value | None) -> bool:
@@ -1588,12 +1653,6 @@ def _made_into_rewards(value: Value) -> bool:
     the estimate."""
     return any(
         _penalised(node, negative=False) for node in tensors_of(value) if sinks.may_hold_kl(node)
-    )
-
-
-def _with_the_policys_gradient(value: Value) -> bool:
-    return any(
-        isinstance(node, ir.Node) and ir.depends_on_policy(node) for node in tensors_of(value)
     )
 
 
@@ -1874,6 +1933,17 @@ def _both_read_the_reference(body: Sequence[cst.CSTNode], else_body: Sequence[cs
     return bool(else_body) and reads(body) and reads(else_body)
 
 
+def _remote_call_of(call: cst.Call, name: str) -> bool:
+    """``actor.name.remote(...)`` or ``name.remote(...)``."""
+    func = call.func
+    if not (isinstance(func, cst.Attribute) and func.attr.value == "remote"):
+        return False
+    target = func.value
+    return (isinstance(target, cst.Attribute) and target.attr.value == name) or (
+        isinstance(target, cst.Name) and target.value == name
+    )
+
+
 def _times_called(calls: Counter[str], ref: FuncRef, call: cst.Call) -> int:
     """How many calls the file makes of ``ref``, by its name and by the
     module alias this call uses (``token_kl = full_vocab_kl``)."""
@@ -1936,20 +2006,53 @@ def _over_the_vocabulary(call: cst.Call) -> bool:
     return False
 
 
-def _assigned_names(body: cst.BaseSuite) -> list[str]:
-    """Names a loop body assigns (``x = ...``, ``x += ...``), in order; not
-    those of functions defined in it. Statements only: an assignment is
-    never inside an expression (LibCST's visitor would walk those too)."""
+def _adapter_switch(statement: cst.CSTNode) -> bool | None:
+    """``model.set_adapter("ref")`` (or ``cfg.adapters["ref"]``,
+    ``args.ref_adapter``): True for a switch to the reference's adapter,
+    False to another, None for a statement that switches none."""
+    if not (
+        isinstance(statement, cst.SimpleStatementLine)
+        and len(statement.body) == 1
+        and isinstance(statement.body[0], cst.Expr)
+        and isinstance(call := statement.body[0].value, cst.Call)
+        and isinstance(call.func, cst.Attribute)
+        and call.func.attr.value == "set_adapter"
+        and call.args
+    ):
+        return None
+    words = []
+    for node in descendants(call.args[0].value):
+        if isinstance(node, cst.Name):
+            words.append(node.value)
+        elif isinstance(node, cst.SimpleString) and isinstance(node.evaluated_value, str):
+            words.append(node.evaluated_value)
+    return any(
+        roles.reference_evidence(w) and not roles.has_words(w, roles.KL_WORDS) for w in words
+    )
+
+
+def _assigned_names(body: cst.BaseSuite, *, unpacked: bool = False) -> list[str]:
+    """Names a loop body assigns (``x = ...``, ``x += ...``; with
+    ``unpacked``, also ``x, _ = ...``), in order; not those of functions
+    defined in it. Statements only: an assignment is never inside an
+    expression (LibCST's visitor would walk those too)."""
     names: list[str] = []
 
     def walk(node: cst.CSTNode) -> None:
         if isinstance(node, cst.SimpleStatementLine):
             for small in node.body:
-                targets = []
+                targets: list[cst.BaseExpression] = []
                 if isinstance(small, cst.Assign):
                     targets = [t.target for t in small.targets]
                 elif isinstance(small, cst.AugAssign):
                     targets = [small.target]
+                if unpacked:
+                    # ``a, _ = self.forward_with_values(...)``: each name.
+                    targets = [
+                        element.value
+                        for t in targets
+                        for element in (t.elements if isinstance(t, (cst.Tuple, cst.List)) else ())
+                    ] + [t for t in targets if not isinstance(t, (cst.Tuple, cst.List))]
                 for target in targets:
                     if isinstance(target, cst.Name) and target.value not in names:
                         names.append(target.value)
@@ -2013,6 +2116,34 @@ def helper_label(ref: FuncRef) -> str:
         shown = path.as_posix()
     line = ref.module.line_of_def(ref.name)
     return f"`{ref.name}` ({shown}:{line})" if line else f"`{ref.name}` ({shown})"
+
+
+# A registry: a mapping written out by name (``KL_LOSSES = {...}``, at module
+# level or on ``self``), and one of its entries: a function or class (or an
+# object built with no arguments) under a quoted or dotted key.
+_REGISTRY = re.compile(r"^[ \t]*(?:self\.)?(\w+)[ \t]*(?::[^=\n]+)?=[ \t]*\{", re.M)
+_REGISTERED = re.compile(
+    r"""(?:["']|\b[A-Z]\w*\.\w+)\s*:\s*([A-Za-z_]\w*)\s*(?:\(\s*\))?\s*[,}\n]"""
+)
+
+
+def registered_callables(source: str) -> frozenset[str]:
+    """Functions and classes a module stores in a registry that it also reads
+    by key (``KL_LOSSES[cfg["kl_loss"]]()``): each is called where the
+    registry is read, with the configuration that picks one, so none is
+    judged on its own."""
+    if "{" not in source:
+        return frozenset()
+    found: set[str] = set()
+    for match in _REGISTRY.finditer(source):
+        close = source.find("}", match.end())
+        if close < 0:
+            continue
+        entries = _REGISTERED.findall(source[match.end() - 1 : close + 1])
+        rest = source[: match.start()] + source[close + 1 :]
+        if entries and re.search(rf"\b{match.group(1)}\s*(?:\[|\.get\()", rest):
+            found.update(entries)
+    return frozenset(found)
 
 
 def called_names(source: str) -> Counter[str]:

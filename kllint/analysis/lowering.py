@@ -302,6 +302,26 @@ def einops_reduced(at: TorchCall, pattern: str, reduction: object, value: Value)
     return at.lift1(value, lambda n: ir.Reduce(kind, reduced, n, origin=at.origin))
 
 
+def einops_einsum(at: TorchCall, pattern: str, operands: Sequence[Value]) -> Value | None:
+    """``einops.einsum(x, mask, "b t, b t -> b")``: ``torch.einsum`` with the
+    pattern last and axes named by words, each given a letter."""
+    letters: dict[str, str] = {}
+    sides = []
+    for side in pattern.replace(",", " , ").partition("->")[::2]:
+        parts = []
+        for axis in side.split():
+            if axis == ",":
+                parts.append(",")
+            elif not axis.isidentifier() or len(letters) >= 26:
+                return None  # ``...`` or a grouped ``(b g)``
+            else:
+                parts.append(letters.setdefault(axis, chr(ord("a") + len(letters))))
+        sides.append("".join(parts))
+    if "->" not in pattern:
+        return None
+    return _einsum(at, [Py(f"{sides[0]}->{sides[1]}"), *operands], {})
+
+
 def einops_rearranged(pattern: str, value: Value) -> Value:
     """What a view by ``einops.rearrange`` (``is_einops_view``) gives: the
     values, grouped as ``[B, G, T]`` when the pattern makes three axes of
@@ -659,6 +679,14 @@ def _gather(at: TorchCall, receiver: Value, args: Args, kwargs: Kwargs) -> Value
     return gathered(at, receiver, args[1] if len(args) > 1 else kwargs.get("index"))
 
 
+def _log_prob(at: TorchCall, receiver: Value, args: Args, kwargs: Kwargs) -> Value:
+    """``Categorical(logits=logits).log_prob(ids)``: the sampled token's
+    log-prob under that distribution, as a gather of its log-softmax."""
+    if has_distribution(receiver):
+        return gathered(at, receiver, args[0] if args else kwargs.get("value"))
+    return ir.Opaque(".log_prob()")
+
+
 def _take_along_dim(at: TorchCall, receiver: Value, args: Args, kwargs: Kwargs) -> Value:
     """``torch.take_along_dim(logp, ids.unsqueeze(-1), dim=-1)``: a gather."""
     return gathered(at, receiver, args[0] if args else kwargs.get("indices"))
@@ -764,6 +792,7 @@ def _method_registry() -> dict[str, MethodLowering]:
     # A new tensor of zeros (or ones) shaped like the receiver: a constant.
     registry.setdefault("new_zeros", lambda at, receiver, args, kwargs: ir.Const(0.0))
     registry.setdefault("new_ones", lambda at, receiver, args, kwargs: ir.Const(1.0))
+    registry.setdefault("log_prob", _log_prob)
     registry.setdefault("flip", _flip)
     registry.setdefault("fliplr", _flip)
     for name in ("log_softmax", "softmax"):
@@ -1091,8 +1120,8 @@ def _constant(value: float) -> FunctionLowering:
     return lambda at, args, kwargs: ir.Const(value, origin=at.origin)
 
 
-# ``torch.tensor(floats)``: tensors made from data, with no graph.
-NEW_TENSORS = frozenset({"tensor", "as_tensor", "scalar_tensor"})
+# ``torch.tensor(floats)``, ``torch.from_numpy(array)``: tensors made from data, with no graph.
+NEW_TENSORS = frozenset({"tensor", "as_tensor", "scalar_tensor", "from_numpy"})
 
 
 def _tensor(at: TorchCall, args: Args, kwargs: Kwargs) -> Value | None:

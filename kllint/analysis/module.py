@@ -66,6 +66,9 @@ class ClassField:
     int_default: bool = False
     # ``use_legacy_kl: bool = False`` (also ``field(default=False)``): a flag's default.
     flag_default: bool | None = None
+    # ``algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)``:
+    # the class of a nested settings object (its annotation, else its factory).
+    config_class: str | None = None
 
 
 class ClassInfo:
@@ -166,7 +169,12 @@ def _ast_fields(text: str) -> list[ClassField]:
         if isinstance(small, ast.AnnAssign) and isinstance(small.target, ast.Name):
             value = small.value
             default = None
+            nested = _class_named(small.annotation)
             if isinstance(value, ast.Call) and ast.unparse(value.func) in _FIELD_CALLS:
+                factory = next(
+                    (k.value for k in value.keywords if k.arg == "default_factory"), None
+                )
+                nested = nested or _class_named(factory)
                 given = value.args[0] if value.args else None
                 value = next((k.value for k in value.keywords if k.arg == "default"), given)
                 default = literal(value)
@@ -182,6 +190,7 @@ def _ast_fields(text: str) -> list[ClassField]:
                     is_float(value),
                     isinstance(value, ast.Constant) and type(value.value) is int,
                     flag(value),
+                    nested,
                 )
             )
         elif (
@@ -199,6 +208,16 @@ def _ast_fields(text: str) -> list[ClassField]:
                 )
             )
     return found
+
+
+def _class_named(annotation: ast.expr | None) -> str | None:
+    """``AlgorithmConfig`` (or ``cfg.AlgorithmConfig``) of an annotation or a
+    factory naming a class; not ``str``, ``Literal[...]`` or ``list[...]``."""
+    if isinstance(annotation, (ast.Name, ast.Attribute)):
+        name = ast.unparse(annotation)
+        if name.split(".")[-1][:1].isupper():
+            return name
+    return None
 
 
 class Definitions(dict):

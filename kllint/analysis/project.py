@@ -544,6 +544,8 @@ class Project:
             _scan_inline_yaml(text, shown, defaults)
         if "{" in text:
             _scan_dict_configs(text, shown, defaults)
+            if "default_factory" in text:
+                _scan_factory_dicts(text, shown, defaults)
         if "add_argument" in text:
             line_of = _line_numbers(text)
             for option in _ARGPARSE.finditer(text):
@@ -683,6 +685,34 @@ def _scan_dict_configs(text: str, shown: str, defaults: _PackageDefaults) -> Non
         _add_dict_settings(tree, "", shown, line_of(start), defaults)
 
 
+# ``loss_weights: dict = field(default_factory=lambda: {"kl_loss": -0.1})``
+_FACTORY_DICT = re.compile(
+    r"\n[ \t]+([A-Za-z_]\w*)[ \t]*:[^=\n]*=[ \t]*(?:dataclasses\.)?field\(\s*"
+    r"default_factory\s*=\s*lambda\s*:\s*\{"
+)
+
+
+def _scan_factory_dicts(text: str, shown: str, defaults: _PackageDefaults) -> None:
+    """A settings field whose default is a dict built by a factory (weights of
+    named loss terms): each literal entry by its path only
+    (``loss_weights.kl_loss``), as ``cfg.loss_weights["kl_loss"]`` reads it;
+    its bare key names no setting of its own."""
+    line_of: Callable[[int], int] | None = None
+    for match in _FACTORY_DICT.finditer("\n" + text):
+        start = match.end() - 2
+        end = _closing_bracket(text, start + 1, _DICT_CONFIG_CHARS)
+        if end is None:
+            continue
+        try:
+            tree = ast.parse(text[start : end + 1], mode="eval").body
+        except (SyntaxError, ValueError, RecursionError):
+            continue
+        if isinstance(tree, ast.Dict):
+            line_of = line_of or _line_numbers(text)
+            prefix = match.group(1) + "."
+            _add_dict_settings(tree, prefix, shown, line_of(start), defaults, bare=False)
+
+
 _NAMESPACE = re.compile(r"\b(?:argparse\.|types\.)?(?:Simple)?Namespace\(")
 
 
@@ -711,19 +741,31 @@ def _scan_namespaces(text: str, shown: str, defaults: _PackageDefaults) -> None:
 
 
 def _add_dict_settings(
-    node: ast.Dict, prefix: str, shown: str, first_line: int, defaults: _PackageDefaults
+    node: ast.Dict,
+    prefix: str,
+    shown: str,
+    first_line: int,
+    defaults: _PackageDefaults,
+    *,
+    bare: bool = True,
 ) -> None:
     for key, value in zip(node.keys, node.values):
         if not (isinstance(key, ast.Constant) and isinstance(key.value, str)):
             continue
         path = f"{prefix}{key.value}"
+        if isinstance(value, ast.UnaryOp) and isinstance(value.op, ast.USub):
+            if isinstance(value.operand, ast.Constant) and isinstance(
+                value.operand.value, (int, float)
+            ):
+                value = ast.Constant(-value.operand.value)  # ``"kl": -0.1``
         if isinstance(value, ast.Dict):
-            _add_dict_settings(value, path + ".", shown, first_line, defaults)
+            _add_dict_settings(value, path + ".", shown, first_line, defaults, bare=bare)
         elif isinstance(value, ast.Constant) and isinstance(
             value.value, (str, int, float, bool, type(None))
         ):
             source = f"{shown}:{first_line + key.lineno - 1}"
-            defaults.add(key.value, value.value, source, "dict")
+            if bare:
+                defaults.add(key.value, value.value, source, "dict")
             if prefix:
                 defaults.add(path, value.value, source, "dict")
 

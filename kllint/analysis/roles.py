@@ -645,6 +645,12 @@ def name_logprob(name: str, value: Value, patterns: RolePatterns, *, no_grad: bo
         # ``lp = logp.view(-1, G, T)``: renamed, still grouped by prompt.
         named = name_logprob(name, value.node, patterns, no_grad=no_grad)
         return replace(value, node=named) if isinstance(named, ir.Node) else named
+    masked = _masked(value)
+    if masked is not None:
+        # ``logps = response_logps(model, ...)`` returning ``logps * mask``:
+        # zero past each response's end, which a sum over time relies on.
+        named = name_logprob(name, masked[0], patterns, no_grad=no_grad)
+        return ir.binary("mul", named, masked[1]) if isinstance(named, ir.Node) else named
     renamed = reference_renamed(name, value, patterns)
     if renamed is not None:
         return renamed
@@ -707,6 +713,22 @@ def name_logprob(name: str, value: Value, patterns: RolePatterns, *, no_grad: bo
             resolved, {id(a): replace(a, level=Level.SEQUENCE) for a in resolved.atoms()}
         )
     return resolved
+
+
+def _masked(value: Value) -> tuple[ir.Node, ir.Node] | None:
+    """``(logp, mask)`` of a log-prob multiplied by a token mask."""
+    if not (isinstance(value, ir.Binary) and value.op == "mul"):
+        return None
+    for logp, mask in ((value.left, value.right), (value.right, value.left)):
+        if (
+            isinstance(mask, ir.Atom)
+            and mask.role is Role.MASK
+            and not logp.has_role(Role.MASK)
+            and any(logp.has_role(r) for r in (Role.POLICY_LOGP, Role.OLD_LOGP))
+            and not logp.has_role(Role.REFERENCE_LOGP)
+        ):
+            return logp, mask
+    return None
 
 
 def _sums_over_time(node: ir.Node) -> bool:

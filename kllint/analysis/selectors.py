@@ -250,8 +250,24 @@ def config_default(
         given = init_default(module, cls, attr, index=index, project=project)
         if given is not None:
             return given
-    typed = typed_default(project, module, function, cls, base.names, attr, index=index)
+    # A nested settings object read by the chain written
+    # (``algo = self.cfg.algorithm``; ``algo.kl_estimator_type``), not by
+    # the name it was also given.
+    written = tuple(base.text.split(".")) if _DOTTED.fullmatch(base.text) else ()
+    if len(written) < 2 or base.names[: len(written)] != written:
+        written = base.names
+    typed = typed_default(project, module, function, cls, written, attr, index=index)
     if typed is not None:
+        # A YAML file of the package that sets the key is the run's
+        # configuration: it overrides the class's default.
+        yaml = {
+            repr(d.value): d
+            for d in project.config_defaults(fs_path, attr)
+            if d.kind == "yaml" and isinstance(d.value, type(typed.value))
+        }
+        if len(yaml) == 1:
+            (override,) = yaml.values()
+            return Py(override.value, source=override.source)
         return typed
     config_at = next(
         (i for i, n in enumerate(base.names) if any(w in CONFIG_WORDS for w in roles.words(n))),
@@ -430,8 +446,8 @@ def _in_a_class(source: str, position: int) -> bool:
 _MAXIMIZE = re.compile(r"\bmaximize\s*=\s*True\b")
 _ASSIGNED = re.compile(r"self\.(\w+)\s*(?:[-+*/]?=)(?!=)")
 # ``self.kl = KLLoss(...)``, or a class picked from a registry and built
-# (``self.kl_fn = KL_MODULES[cfg.kl_estimator]()``).
-_BUILT = re.compile(r"self\.(\w+)\s*=\s*\(?\s*[A-Z]\w*\s*(?:\[[^\]\n]*\]\s*)?\(")
+# (``self.kl_fn = KL_MODULES[cfg.kl_estimator]()``, ``KL_LOSSES[lc["kl"]]()``).
+_BUILT = re.compile(r"self\.(\w+)\s*=\s*\(?\s*[A-Z]\w*\s*(?:\[(?:[^\[\]\n]|\[[^\]\n]*\])*\]\s*)?\(")
 # ``self.shaper: RewardShaper = KLShaper(...)`` reads as ``self.shaper = KLShaper(...)``.
 _ANNOTATION = re.compile(r"(?m)^([ \t]*self\.\w+)[ \t]*:[^=\n]+=(?!=)")
 _SELF_ATTRIBUTES: dict[tuple[Path, str], tuple[Counter[str], frozenset[str]]] = {}
@@ -502,6 +518,9 @@ def _class_lines(module: ModuleInfo, cls: ClassInfo) -> str:
     return "\n".join(lines[start - 1 : end])
 
 
+_DOTTED = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")
+
+
 def typed_default(
     project: Project,
     module: ModuleInfo,
@@ -566,19 +585,30 @@ def _config_class(
     """The class a config object is annotated with: ``config: TrainerConfig``
     as a parameter, or ``args: TrainerConfig`` in ``__init__`` for ``self.args``."""
     annotation: cst.BaseExpression | None = None
-    if len(names) == 1 and function is not None:
+    nested: tuple[str, ...] = ()
+    if names and names[0] != "self" and function is not None:
         annotation = annotation_of(function, names[0])
-    elif len(names) == 2 and names[0] == "self" and cls is not None:
+        nested = names[1:]
+    elif len(names) >= 2 and names[0] == "self" and cls is not None:
         # ``__init__`` of the class, or the one it inherits (an abstract base
         # that keeps ``self.cfg``), read where it is written.
         init = project.method(cls, module, "__init__")
         if init is not None:
             annotation = annotation_of(init.node, names[1])
             module = init.module
+        nested = names[2:]
     class_name = dotted_name(_optional(annotation)) if annotation is not None else None
     if class_name is None:
         return None
-    return project.class_named(class_name, module)
+    found = project.class_named(class_name, module)
+    # ``self.cfg.algorithm.kl_estimator_type``: a settings object held in a
+    # field of another (``algorithm: AlgorithmConfig = field(default_factory=...)``).
+    for name in nested:
+        if found is None:
+            return None
+        inner = next((f.config_class for f in found[0].fields if f.name == name), None)
+        found = project.class_named(inner, found[1]) if inner is not None else None
+    return found
 
 
 def _field_default(cls: ClassInfo, attr: str) -> str | int | None:

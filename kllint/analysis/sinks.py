@@ -143,6 +143,12 @@ def is_loss_name(name: str) -> bool:
     return bool(ws) and ws[-1] in ("loss", "losses")
 
 
+def _a_loss_entry(key: str) -> bool:
+    """``loss_objective``, ``loss_kl_to_ref``: TorchRL's loss modules name
+    each term they return to be summed with a ``loss_`` prefix."""
+    return key.startswith("loss_") and roles.words(key)[-1:] != ["mask"]
+
+
 def names_an_objective(name: str) -> bool:
     """``sequence_objective``, ``pg_kl_objective``: a value written to be
     maximised, whose caller minimises its negation."""
@@ -157,11 +163,20 @@ def names_a_loss_function(name: str) -> bool:
 
 
 def is_loss_function(
-    name: str, class_name: str | None, called: Collection[str], *, selects: bool = True
+    name: str,
+    class_name: str | None,
+    called: Collection[str],
+    *,
+    selects: bool = True,
+    registered: Collection[str] = (),
 ) -> bool:
     """Whether what a function returns is a loss, judged where it is defined.
     ``selects``: whether a parameter may pick a branch (a string default, a
     ``kind``), so that only a call site can say which estimator is used."""
+    if name in registered and name not in LOSS_FUNCTIONS:
+        # One of a registry the file reads by key (``KL_LOSSES[cfg.kl](...)``):
+        # judged where it is looked up, with the configuration's choice.
+        return False
     if (
         name in called
         and name not in LOSS_FUNCTIONS
@@ -177,13 +192,15 @@ def is_loss_function(
         return False
     if name in LOSS_FUNCTIONS or is_loss_name(name) or names_a_loss_function(name):
         return True
-    # A loss module this file builds (``self.kl_loss_fn = KLLoss(kind=...)``)
-    # is judged where it is called, with its attributes known.
+    # A loss module this file builds (``self.kl_loss_fn = KLLoss(kind=...)``,
+    # or one of a registry, ``KL_LOSSES[cfg["kl_loss"]]()``) is judged where
+    # it is called, with its attributes and the configuration's choice known.
     return (
         name in ("forward", "__call__")
         and class_name is not None
         and _names_a_loss_class(class_name)
         and class_name not in called
+        and class_name not in registered
     )
 
 
@@ -330,7 +347,7 @@ def returned_losses(
         return [
             (item, f"{description} as `{key}`")
             for key, item in value.items.items()
-            if is_loss_name(key)
+            if is_loss_name(key) or _a_loss_entry(key)
         ]
     if isinstance(value, Seq) and value.items and isinstance(returned, (cst.Tuple, cst.List)):
         # ``return loss, metrics``: the elements named like a loss, else the first.
@@ -423,6 +440,13 @@ def may_hold_kl(value: Value) -> bool:
     """Whether a value mentions a reference policy's log-probs: only then is
     it worth asking who backpropagates it."""
     return any(node.has_role(ir.Role.REFERENCE_LOGP) for node in tensors_of(value))
+
+
+def carries_the_policys_gradient(value: Value) -> bool:
+    """Whether a value holds the policy's log-probs with their gradient:
+    written into a container (``mb["log_prob"] = log_prob``), a loss reading
+    them back must not take them for stored rollout data."""
+    return any(ir.depends_on_policy(node) for node in tensors_of(value))
 
 
 def backward_description(call_code: str, method: str) -> str:

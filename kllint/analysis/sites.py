@@ -138,15 +138,48 @@ def _names(node: ir.Node, role: Role) -> list[str]:
 
 def kl_terms(value: ir.Node) -> list[ir.Node]:
     """The additive terms of a loss that involve the reference log-prob."""
+    terms = _split(value)
+    # ``sg(log_ratio) + kl_to_go * (logp - sg(logp))`` with a weight kllint
+    # cannot read: the KL's value is there, its gradient is in the other term.
+    unread = any(_score_with_an_unread_weight(t) for t in terms)
     return [
         t
-        for t in _split(value)
+        for t in terms
         if t.has_role(Role.REFERENCE_LOGP)
         and any(t.has_role(r) for r in _LOGPROB_ROLES)
         and not any(a.level is ir.Level.DISTRIBUTION for a in t.atoms())
         and not _is_preference_contrast(t)
         and not _is_value_regression(t)
+        and not (unread and not ir.depends_on_policy(t))
     ]
+
+
+def _score_with_an_unread_weight(term: ir.Node) -> bool:
+    """``w * (logp - sg(logp))``, a score-function surrogate (value zero,
+    gradient ``w * grad logp``) whose weight is beyond what kllint reads (not
+    an advantage: ``exp(logp - sg(logp)) * adv`` is the policy gradient)."""
+
+    def score(n: ir.Node) -> bool:
+        return (
+            isinstance(n, ir.Binary)
+            and n.op == "sub"
+            and isinstance(n.right, ir.Unary)
+            and n.right.op == "detach"
+            and n.right.arg is n.left
+            and n.left.has_role(Role.POLICY_LOGP)
+        )
+
+    return any(
+        isinstance(n, ir.Binary)
+        and n.op == "mul"
+        and any(
+            score(side)
+            and any(isinstance(w, ir.Opaque) for w in weight.walk())
+            and not weight.has_role(Role.ADVANTAGE)
+            for side, weight in ((n.left, n.right), (n.right, n.left))
+        )
+        for n in term.walk()
+    )
 
 
 def _is_value_regression(term: ir.Node) -> bool:
@@ -241,6 +274,17 @@ def _is_reduced(node: ir.Node) -> bool:
             return isinstance(node, ir.Reduce)
 
 
+def _a_reduced_loss(node: ir.Node) -> bool:
+    """A loss reduced over the batch, possibly weighted (``sft_weight *
+    nll.sum(-1).mean()``); not one value per sequence (``logp.sum(-1)``)."""
+    while isinstance(node, ir.Unary) and node.op == "neg":
+        node = node.arg
+    if isinstance(node, ir.Binary) and node.op in ("mul", "div"):
+        sides = [node.left, node.right] if node.op == "mul" else [node.left]
+        return any(_a_reduced_loss(side) for side in sides)
+    return isinstance(node, ir.Reduce) and node.axis in (ir.Axis.BATCH, ir.Axis.ALL)
+
+
 def additive_terms(node: ir.Node) -> list[ir.Node]:
     """The additive terms of a value, as the rules judge them one by one."""
     return _split(node)
@@ -297,9 +341,12 @@ def _split_product(node: ir.Binary) -> list[ir.Node]:
 
 def _split_sum(node: ir.Binary) -> list[ir.Node]:
     left_ref, right_ref = _has_reference(node.left), _has_reference(node.right)
+    # ``kl_loss + sft_weight * nll.sum(-1).mean()``: two losses, each reduced
+    # on its own, one of them free of the reference (an SFT term).
+    both_reduced = _a_reduced_loss(node.left) and _a_reduced_loss(node.right)
     split = (
-        (left_ref and not right_ref and _is_separate_loss(node.right))
-        or (right_ref and not left_ref and _is_separate_loss(node.left))
+        (left_ref and not right_ref and (_is_separate_loss(node.right) or both_reduced))
+        or (right_ref and not left_ref and (_is_separate_loss(node.left) or both_reduced))
         or (left_ref and right_ref and _is_reduced(node.left) and _is_reduced(node.right))
         or (not left_ref and not right_ref)
     )
