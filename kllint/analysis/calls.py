@@ -142,6 +142,16 @@ class Calls(Expressions):
             class_called = (
                 called if called[:1].isupper() else callee.class_name if builds_cls else None
             )
+            if (
+                class_called is None
+                and isinstance(call.func, cst.Subscript)
+                and len(callee.names) == 1
+                and callee.names[0][:1].isupper()
+            ):
+                # ``LOSS_CLASSES[config.loss_type](config)``: the class the
+                # registry's entry for the setting names, an object to use.
+                class_called = callee.names[0]
+                builds_cls = True
         if class_called is not None:
             imported = self.module.imports.get(class_called)
             found = None

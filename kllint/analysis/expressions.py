@@ -475,6 +475,9 @@ class Expressions(Frame):
                 return self.inline(bound_method, cst.Call(func=expr))
             if method is not None:
                 return replace(method, receiver=base)
+            function = self.class_function(base.cls, base.module, attr)
+            if function is not None:
+                return function
             if base.unbuilt and self.cls is base.cls:
                 # In its own method: a setting ``__init__`` reads with a
                 # default (``config.get("kl_type", "k1_rtg")``), as for ``self``.
@@ -523,6 +526,10 @@ class Expressions(Frame):
             if constant is not None:
                 return constant
             method = self.context.project.method(*self.self_class, attr)
+            if method is None:
+                function = self.class_function(*self.self_class, attr)
+                if function is not None:
+                    return function
             if method is not None and method.is_property:
                 return self.inline(method, cst.Call(func=expr))
             if method is not None:
@@ -595,6 +602,38 @@ class Expressions(Frame):
             return Unknown(code(expr), (attr,))
         return Unknown(code(expr), (attr,))
 
+    def class_function(self, cls: ClassInfo, module: ModuleInfo, attr: str) -> Value | None:
+        """``kl_fn = staticmethod(low_var_kl)`` (or ``kl_fn = low_var_kl``) in
+        the body of the class or, nearest first, of a base: the function an
+        object of the class calls as ``self.kl_fn(...)``."""
+        for current, where in self.context.project.lineage(cls, module):
+            for statement in current.node.body.body:
+                if not (
+                    isinstance(statement, cst.SimpleStatementLine)
+                    and isinstance(statement.body[0], cst.Assign)
+                    and len(statement.body[0].targets) == 1
+                    and isinstance(statement.body[0].targets[0].target, cst.Name)
+                    and statement.body[0].targets[0].target.value == attr
+                ):
+                    continue
+                value = statement.body[0].value
+                if (
+                    isinstance(value, cst.Call)
+                    and (dotted_name(value.func) or "") in ("staticmethod", "classmethod")
+                    and value.args
+                ):
+                    value = value.args[0].value
+                if not isinstance(value, (cst.Name, cst.Lambda)):
+                    return None
+                saved = self.module
+                self.module = where
+                try:
+                    found = self.eval(value)
+                finally:
+                    self.module = saved
+                return found if isinstance(found, FuncRef) else None
+        return None
+
     def weight_setting(self, base: Unknown, key: str, expr: cst.Subscript) -> ir.Node | None:
         """``self.config.loss_weights["kl_loss"]`` of a settings dict whose
         default gives the entry a number: a coefficient with that number's
@@ -666,6 +705,15 @@ class Expressions(Frame):
             for a in call.args
         ):
             return None
+        if (
+            isinstance(call.func, cst.Attribute)
+            and isinstance(call.func.value, cst.Name)
+            and call.func.value.value[:1].isupper()
+        ):
+            # ``KLPenalty.from_config(args)``: the object a classmethod factory
+            # builds from the settings.
+            (made,) = self.eval_in_init(init, [call])
+            return made if isinstance(made, Instance) else None
         found = self.class_built(init, call.func)
         if found is None or not any(
             self.context.project.method(found[0], found[1], name) is not None

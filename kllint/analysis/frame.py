@@ -163,6 +163,8 @@ class Frame:
         self.function_name = function_name
         self.env: dict[str, Value] = {}
         self.no_grad = False
+        # Under ``torch.inference_mode()``, which ``enable_grad`` cannot undo.
+        self.inference_mode = False
         # Inside a loop run once per term (``terms_to_unroll``): a loop in it
         # runs once, so that nested loops over terms cost no product.
         self.unrolling = False

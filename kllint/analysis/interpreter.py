@@ -106,6 +106,7 @@ class Interpreter(Calls):
         self, fn: cst.FunctionDef, bound: dict[str, Value] | None = None, *, no_grad: bool = False
     ) -> Value | None:
         self.no_grad = no_grad or lowering.decorated_no_grad(fn)
+        self.inference_mode = False
         self.function_name = fn.name.value
         self.function_node = fn
         if self.depth == 0:
@@ -206,6 +207,11 @@ class Interpreter(Calls):
         # switch back: what they compute with the model is the reference's,
         # as under ``with model.disable_adapter():``.
         on_reference: list[cst.CSTNode] | None = None
+        # Statements run while a model is frozen (``actor.requires_grad_(False)``)
+        # until it is thawed, here or in a ``finally``: what they compute has
+        # no gradient.
+        frozen: list[cst.CSTNode] | None = None
+        thawed = _thawed_models(statements)
         for statement in statements:
             switch = _adapter_switch(statement)
             if switch is not None:
@@ -214,11 +220,27 @@ class Interpreter(Calls):
                 on_reference = [] if switch else None
             elif on_reference is not None:
                 on_reference.append(statement)
+            freeze = _freeze_switch(statement)
+            if freeze is not None and freeze[1] and freeze[0] in thawed:
+                frozen = []
+            elif frozen is not None and freeze is not None and not freeze[1]:
+                self.detach_assigned(frozen)
+                frozen = None
+            elif frozen is not None:
+                frozen.append(statement)
             if self.exec_statement(statement):
                 return True
+            if frozen and isinstance(statement, cst.Try) and _thaws_finally(statement):
+                self.detach_assigned(frozen)
+                frozen = None
         if on_reference:
             self.as_reference(on_reference)
         return False
+
+    def detach_assigned(self, statements: list[cst.CSTNode]) -> None:
+        for name in _assigned_names(cst.IndentedBlock(body=statements), unpacked=True):  # type: ignore[arg-type]
+            if name in self.env:
+                self.env[name] = self.lift1(self.env[name], ir.detach)
 
     def as_reference(self, statements: list[cst.CSTNode]) -> None:
         for name in _assigned_names(cst.IndentedBlock(body=statements), unpacked=True):  # type: ignore[arg-type]
@@ -240,14 +262,19 @@ class Interpreter(Calls):
             self.exec_loop(statement)
             return False
         if isinstance(statement, cst.With):
-            saved = self.no_grad
+            saved = self.no_grad, self.inference_mode
             for item in statement.items:
-                if lowering.disables_grad(item.item):
+                switch = lowering.grad_switch(self.context_taken(item.item))
+                if switch in ("off", "inference"):
                     self.no_grad = True
+                    self.inference_mode = self.inference_mode or switch == "inference"
+                elif switch == "on" and not self.inference_mode:
+                    # ``with torch.enable_grad():`` inside a ``no_grad`` block.
+                    self.no_grad = False
                 if item.asname is not None:
                     self.assign(item.asname.name, Unknown(code(item.item), ("context",)), item)
             done = self.exec_block(statement.body.body)
-            self.no_grad = saved
+            self.no_grad, self.inference_mode = saved
             if any(
                 roles.gives_the_reference(item.item) or self.returns_a_reference_context(item.item)
                 for item in statement.items
@@ -270,6 +297,21 @@ class Interpreter(Calls):
             )
             return False
         return False
+
+    def context_taken(self, context: cst.BaseExpression) -> cst.BaseExpression:
+        """``torch.no_grad() if cfg.detach_kl else nullcontext()``: the branch
+        the settings take, when they say."""
+        while isinstance(context, cst.IfExp):
+            self.flag_defaults.clear()
+            taken = self.truth(context.test)
+            if taken is None:
+                # ``not args.use_kl_loss``: a feature flag, taken as its default
+                # has it (a context is no branch kllint can report on both ways).
+                taken = self.flag_defaults.pop(id(context.test), None)
+            if taken is None:
+                return context
+            context = context.body if taken else context.orelse
+        return context
 
     def returns_a_reference_context(self, context: cst.BaseExpression) -> bool:
         """``with self.optional_peft_ctx():``, a method of the class that
@@ -1414,6 +1456,16 @@ class Interpreter(Calls):
             # One right as it is (a sequence k2) leaves the caller's use of it
             # (``policy_loss - coef * kl_loss``) to be judged here.
             site.reported_by_helper = True
+        if (
+            isinstance(result, Unknown)
+            and result.logprob_op
+            and not result.distribution
+            and roles.is_logprob_name(ref.name)
+        ):
+            # ``self.token_logps(batch)`` used in place: the log-probs its name
+            # says, as if assigned to it (the policy's, unless the name or the
+            # model says otherwise).
+            result = replace(result, names=(*result.names, ref.name))
         return self.credit_rewards(ref.name, call, result)
 
     def run_helper(
@@ -2004,6 +2056,46 @@ def _over_the_vocabulary(call: cst.Call) -> bool:
         ):
             return True
     return False
+
+
+def _freeze_switch(statement: cst.CSTNode) -> tuple[str, bool] | None:
+    """``self.actor.requires_grad_(False)``: (the model's code, True to
+    freeze, False to thaw); None for any other statement."""
+    if not (
+        isinstance(statement, cst.SimpleStatementLine)
+        and len(statement.body) == 1
+        and isinstance(statement.body[0], cst.Expr)
+        and isinstance(call := statement.body[0].value, cst.Call)
+        and isinstance(call.func, cst.Attribute)
+        and call.func.attr.value == "requires_grad_"
+        and len(call.args) == 1
+        and isinstance(call.args[0].value, cst.Name)
+        and call.args[0].value.value in ("True", "False")
+    ):
+        return None
+    return code(call.func.value), call.args[0].value.value == "False"
+
+
+def _thawed_models(statements: Sequence[cst.CSTNode]) -> set[str]:
+    """The models a block thaws again (``requires_grad_(True)``), also in a
+    ``finally``: only a freeze undone in the same place is a scoring pass."""
+    found: set[str] = set()
+    for statement in statements:
+        blocks = [statement]
+        if isinstance(statement, cst.Try) and statement.finalbody is not None:
+            blocks = list(statement.finalbody.body.body)
+        for inner in blocks:
+            switch = _freeze_switch(inner)
+            if switch is not None and not switch[1]:
+                found.add(switch[0])
+    return found
+
+
+def _thaws_finally(statement: cst.Try) -> bool:
+    return statement.finalbody is not None and any(
+        (switch := _freeze_switch(inner)) is not None and not switch[1]
+        for inner in statement.finalbody.body.body
+    )
 
 
 def _adapter_switch(statement: cst.CSTNode) -> bool | None:

@@ -842,14 +842,26 @@ def tensor_attribute(at: TorchCall, name: str, base: Value) -> Value | None:
     return lowering(at, base) if lowering is not None else None
 
 
-def disables_grad(context: cst.BaseExpression) -> bool:
-    """``with torch.no_grad():``, ``with torch.set_grad_enabled(False):`` and the like."""
+def grad_switch(context: cst.BaseExpression) -> str | None:
+    """What a context does to autograd: ``"off"`` (``torch.no_grad()``,
+    ``torch.set_grad_enabled(False)``), ``"inference"``
+    (``torch.inference_mode()``, which ``enable_grad`` inside cannot undo),
+    ``"on"`` (``torch.enable_grad()``, ``set_grad_enabled(True)``), None for
+    anything else (``set_grad_enabled(is_train)``: as it was)."""
     if not isinstance(context, cst.Call):
-        return False
-    name = dotted_name(context.func)
-    if name is not None and name.split(".")[-1] in NO_GRAD:
-        return True
-    return isinstance(context.func, cst.Attribute) and context.func.attr.value == "set_grad_enabled"
+        return None
+    last = (dotted_name(context.func) or "").rpartition(".")[2]
+    if last == "inference_mode":
+        return "inference"
+    if last in NO_GRAD:
+        return "off"
+    if last == "enable_grad":
+        return "on"
+    if last == "set_grad_enabled" and context.args:
+        flag = context.args[0].value
+        if isinstance(flag, cst.Name) and flag.value in ("True", "False"):
+            return "on" if flag.value == "True" else "off"
+    return None
 
 
 def decorated_no_grad(fn: cst.FunctionDef) -> bool:

@@ -446,8 +446,11 @@ def _in_a_class(source: str, position: int) -> bool:
 _MAXIMIZE = re.compile(r"\bmaximize\s*=\s*True\b")
 _ASSIGNED = re.compile(r"self\.(\w+)\s*(?:[-+*/]?=)(?!=)")
 # ``self.kl = KLLoss(...)``, or a class picked from a registry and built
-# (``self.kl_fn = KL_MODULES[cfg.kl_estimator]()``, ``KL_LOSSES[lc["kl"]]()``).
-_BUILT = re.compile(r"self\.(\w+)\s*=\s*\(?\s*[A-Z]\w*\s*(?:\[(?:[^\[\]\n]|\[[^\]\n]*\])*\]\s*)?\(")
+# (``self.kl_fn = KL_MODULES[cfg.kl_estimator]()``, ``KL_LOSSES[lc["kl"]]()``),
+# or by a classmethod factory (``KLPenalty.from_config(args)``).
+_BUILT = re.compile(
+    r"self\.(\w+)\s*=\s*\(?\s*[A-Z]\w*(?:\.\w+)?\s*(?:\[(?:[^\[\]\n]|\[[^\]\n]*\])*\]\s*)?\("
+)
 # ``self.shaper: RewardShaper = KLShaper(...)`` reads as ``self.shaper = KLShaper(...)``.
 _ANNOTATION = re.compile(r"(?m)^([ \t]*self\.\w+)[ \t]*:[^=\n]+=(?!=)")
 _SELF_ATTRIBUTES: dict[tuple[Path, str], tuple[Counter[str], frozenset[str]]] = {}

@@ -341,12 +341,19 @@ def _split_product(node: ir.Binary) -> list[ir.Node]:
 
 def _split_sum(node: ir.Binary) -> list[ir.Node]:
     left_ref, right_ref = _has_reference(node.left), _has_reference(node.right)
-    # ``kl_loss + sft_weight * nll.sum(-1).mean()``: two losses, each reduced
-    # on its own, one of them free of the reference (an SFT term).
-    both_reduced = _a_reduced_loss(node.left) and _a_reduced_loss(node.right)
+    # ``kl_loss + sft_weight * nll.sum(-1).mean()``: a loss reduced over the
+    # batch and free of the reference (an SFT term) is a loss of its own.
     split = (
-        (left_ref and not right_ref and (_is_separate_loss(node.right) or both_reduced))
-        or (right_ref and not left_ref and (_is_separate_loss(node.left) or both_reduced))
+        (
+            left_ref
+            and not right_ref
+            and (_is_separate_loss(node.right) or _a_reduced_loss(node.right))
+        )
+        or (
+            right_ref
+            and not left_ref
+            and (_is_separate_loss(node.left) or _a_reduced_loss(node.left))
+        )
         or (left_ref and right_ref and _is_reduced(node.left) and _is_reduced(node.right))
         or (not left_ref and not right_ref)
     )
