@@ -8,6 +8,7 @@ rules (``kllint.rules``): rules judge sites, the driver reports."""
 
 from __future__ import annotations
 
+import bisect
 import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
@@ -39,7 +40,6 @@ from kllint.analysis.roles import (
 )
 from kllint.analysis.sinks import may_hold_a_finding
 from kllint.analysis.sites import KLSite, build_site, focus_of, kl_terms
-from kllint.analysis.syntax import descendants, string_key
 from kllint.analysis.values import (
     Choice,
     against_defaults,
@@ -172,21 +172,33 @@ def _writers_of_kl_entries_first(
     """The functions in the order they are interpreted: those that store a KL
     under a key named as one (a trainer's reference step) before the rest, so
     that a loss that reads it back (``mb.batch["kld"]``), written earlier in
-    the file, sees what was stored."""
+    the file, sees what was stored. Found in the text: the ``def`` each such
+    write follows."""
     ordered = list(functions)
-    if not any(roles.has_words(key, roles.KL_WORDS) for key in _KEY_WRITTEN.findall(source)):
+    writes = [
+        m.start()
+        for m in _KEY_WRITTEN.finditer(source)
+        if roles.has_words(m.group(1), roles.KL_WORDS)
+    ]
+    if not writes:
         return ordered
-    return sorted(ordered, key=lambda item: not _writes_a_kl_entry(item[0]))
+    defs = [(m.start(), len(m.group(1)), m.group(2)) for m in _DEF.finditer(source)]
+    starts = [start for start, _, _ in defs]
+    writers: set[str] = set()
+    for write in writes:
+        # The ``def`` the write follows and those it is nested in (a closure
+        # runs after the function whose locals it reads).
+        indent = None
+        for _, depth, name in reversed(defs[: bisect.bisect_right(starts, write)]):
+            if indent is None or depth < indent:
+                writers.add(name)
+                indent = depth
+            if depth == 0:
+                break
+    return sorted(ordered, key=lambda item: item[0].name.value not in writers)
 
 
-def _writes_a_kl_entry(fn: cst.FunctionDef) -> bool:
-    return any(
-        isinstance(node, cst.AssignTarget)
-        and isinstance(node.target, cst.Subscript)
-        and (key := string_key(node.target)) is not None
-        and roles.has_words(key, roles.KL_WORDS)
-        for node in descendants(fn)
-    )
+_DEF = re.compile(r"^([ \t]*)(?:async[ \t]+)?def[ \t]+(\w+)", re.M)
 
 
 def _top_level_matters(names: set[str]) -> bool:

@@ -258,7 +258,7 @@ class Calls(Expressions):
             # them whole, so it is never a per-token clip).
             if all(_a_number(self.eval(arg.value)) for arg in args):
                 return ir.Atom(Role.COEFFICIENT, code(call))
-        if name in ("list", "tuple") and len(args) == 1 and not kwargs:
+        if name in ("list", "tuple") and len(args) == 1 and not kwargs and _lists(args[0].value):
             # ``list(map(sequence_k2, logps, ref_logps))``: the same items.
             items = self.eval(args[0].value)
             if isinstance(items, Seq):
@@ -1576,6 +1576,18 @@ _OPERATORS = {
     "pow": "pow",
     "neg": "neg",
 }
+
+
+def _lists(expr: cst.BaseExpression) -> bool:
+    """What ``list(...)`` is read through: a name, or rows that ``map``,
+    ``zip`` or ``starmap`` make (not any call, which would be followed again)."""
+    if isinstance(expr, (cst.Name, cst.Attribute)):
+        return True
+    return isinstance(expr, cst.Call) and (dotted_name(expr.func) or "").rpartition(".")[2] in (
+        "map",
+        "zip",
+        "starmap",
+    )
 
 
 def _row(value: Value) -> Value:

@@ -606,7 +606,30 @@ class Expressions(Frame):
         """``kl_fn = staticmethod(low_var_kl)`` (or ``kl_fn = low_var_kl``) in
         the body of the class or, nearest first, of a base: the function an
         object of the class calls as ``self.kl_fn(...)``."""
+        key = (id(cls), attr)
+        known = _CLASS_FUNCTIONS.get(key)
+        if known is None or known[0] is not cls:
+            known = _CLASS_FUNCTIONS[key] = (cls, self._class_function_written(cls, module, attr))
+        written = known[1]
+        if written is None:
+            return None
+        value, where = written
+        saved = self.module
+        self.module = where
+        try:
+            found = self.eval(value)
+        finally:
+            self.module = saved
+        return found if isinstance(found, FuncRef) else None
+
+    def _class_function_written(
+        self, cls: ClassInfo, module: ModuleInfo, attr: str
+    ) -> tuple[cst.BaseExpression, ModuleInfo] | None:
         for current, where in self.context.project.lineage(cls, module):
+            # The class's fields are read from its text: its LibCST node is
+            # parsed only when it assigns the name.
+            if not any(f.name == attr and not f.annotated for f in current.fields):
+                continue
             for statement in current.node.body.body:
                 if not (
                     isinstance(statement, cst.SimpleStatementLine)
@@ -623,15 +646,7 @@ class Expressions(Frame):
                     and value.args
                 ):
                     value = value.args[0].value
-                if not isinstance(value, (cst.Name, cst.Lambda)):
-                    return None
-                saved = self.module
-                self.module = where
-                try:
-                    found = self.eval(value)
-                finally:
-                    self.module = saved
-                return found if isinstance(found, FuncRef) else None
+                return (value, where) if isinstance(value, (cst.Name, cst.Lambda)) else None
         return None
 
     def weight_setting(self, base: Unknown, key: str, expr: cst.Subscript) -> ir.Node | None:
@@ -1360,16 +1375,17 @@ _BRANCH_ASSIGNMENTS: dict[
 ] = {}
 
 
+_CLASS_FUNCTIONS: dict[
+    tuple[int, str], tuple[ClassInfo, tuple[cst.BaseExpression, ModuleInfo] | None]
+] = {}
 _DOTTED_NAME = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+")
 
 
-def _init_locals(
-    init: cst.FunctionDef, read: set[str], known: set[str]
-) -> list[tuple[str, cst.BaseExpression]]:
-    """The local names ``__init__`` assigns once at its top level that
-    ``read`` depends on, with their values, in the order written; only those
-    whose parameters are ``known`` (a default read): ``cfg = dict(cfg_arg or
-    {})`` of a parameter the caller gives stays what the parameter is."""
+def _local_assignments(init: cst.FunctionDef) -> dict[str, list[cst.BaseExpression]]:
+    """``name = value`` statements at the top level of ``__init__``, by name."""
+    cached = _LOCAL_ASSIGNMENTS.get(id(init))
+    if cached is not None and cached[0] is init:
+        return cached[1]
     assigned: dict[str, list[cst.BaseExpression]] = {}
     for statement in init.body.body if isinstance(init.body, cst.IndentedBlock) else []:
         if isinstance(statement, cst.SimpleStatementLine):
@@ -1380,6 +1396,23 @@ def _init_locals(
                     and isinstance(small.targets[0].target, cst.Name)
                 ):
                     assigned.setdefault(small.targets[0].target.value, []).append(small.value)
+    _LOCAL_ASSIGNMENTS[id(init)] = (init, assigned)
+    return assigned
+
+
+_LOCAL_ASSIGNMENTS: dict[int, tuple[cst.FunctionDef, dict[str, list[cst.BaseExpression]]]] = {}
+
+
+def _init_locals(
+    init: cst.FunctionDef, read: set[str], known: set[str]
+) -> list[tuple[str, cst.BaseExpression]]:
+    """The local names ``__init__`` assigns once at its top level that
+    ``read`` depends on, with their values, in the order written; only those
+    whose parameters are ``known`` (a default read): ``cfg = dict(cfg_arg or
+    {})`` of a parameter the caller gives stays what the parameter is."""
+    assigned = _local_assignments(init)
+    if not read & assigned.keys():
+        return []
     wanted: set[str] = set()
     frontier = read & assigned.keys()
     while frontier:

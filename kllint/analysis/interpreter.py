@@ -211,17 +211,17 @@ class Interpreter(Calls):
         # until it is thawed, here or in a ``finally``: what they compute has
         # no gradient.
         frozen: list[cst.CSTNode] | None = None
-        thawed = _thawed_models(statements)
         for statement in statements:
-            switch = _adapter_switch(statement)
+            method = _switch_method(statement)
+            switch = _adapter_switch(statement) if method == "set_adapter" else None
             if switch is not None:
                 if on_reference:
                     self.as_reference(on_reference)
                 on_reference = [] if switch else None
             elif on_reference is not None:
                 on_reference.append(statement)
-            freeze = _freeze_switch(statement)
-            if freeze is not None and freeze[1] and freeze[0] in thawed:
+            freeze = _freeze_switch(statement) if method == "requires_grad_" else None
+            if freeze is not None and freeze[1] and freeze[0] in _thawed_models(statements):
                 frozen = []
             elif frozen is not None and freeze is not None and not freeze[1]:
                 self.detach_assigned(frozen)
@@ -2058,6 +2058,20 @@ def _over_the_vocabulary(call: cst.Call) -> bool:
     return False
 
 
+def _switch_method(statement: cst.CSTNode) -> str | None:
+    """The method of a statement that is one call of a method
+    (``model.set_adapter("ref")``, ``actor.requires_grad_(False)``)."""
+    if (
+        isinstance(statement, cst.SimpleStatementLine)
+        and len(statement.body) == 1
+        and isinstance(statement.body[0], cst.Expr)
+        and isinstance(call := statement.body[0].value, cst.Call)
+        and isinstance(call.func, cst.Attribute)
+    ):
+        return call.func.attr.value
+    return None
+
+
 def _freeze_switch(statement: cst.CSTNode) -> tuple[str, bool] | None:
     """``self.actor.requires_grad_(False)``: (the model's code, True to
     freeze, False to thaw); None for any other statement."""
@@ -2213,7 +2227,8 @@ def helper_label(ref: FuncRef) -> str:
 # A registry: a mapping written out by name (``KL_LOSSES = {...}``, at module
 # level or on ``self``), and one of its entries: a function or class (or an
 # object built with no arguments) under a quoted or dotted key.
-_REGISTRY = re.compile(r"^[ \t]*(?:self\.)?(\w+)[ \t]*(?::[^=\n]+)?=[ \t]*\{", re.M)
+_REGISTRY = re.compile(r"[ \t]*(?:self\.)?(\w+)[ \t]*(?::[^=\n]+)?=[ \t]*\{")
+_ASSIGNED_DICT = re.compile(r"=[ \t]*\{")
 _REGISTERED = re.compile(
     r"""(?:["']|\b[A-Z]\w*\.\w+)\s*:\s*([A-Za-z_]\w*)\s*(?:\(\s*\))?\s*[,}\n]"""
 )
@@ -2227,13 +2242,19 @@ def registered_callables(source: str) -> frozenset[str]:
     if "{" not in source:
         return frozenset()
     found: set[str] = set()
-    for match in _REGISTRY.finditer(source):
+    for brace in _ASSIGNED_DICT.finditer(source):
+        line_start = source.rfind("\n", 0, brace.start()) + 1
+        match = _REGISTRY.match(source, line_start, brace.end())
+        if match is None:
+            continue
         close = source.find("}", match.end())
         if close < 0:
             continue
-        entries = _REGISTERED.findall(source[match.end() - 1 : close + 1])
-        rest = source[: match.start()] + source[close + 1 :]
-        if entries and re.search(rf"\b{match.group(1)}\s*(?:\[|\.get\()", rest):
+        entries = _REGISTERED.findall(source, match.end() - 1, close + 1)
+        if not entries:
+            continue
+        read = re.compile(rf"\b{match.group(1)}\s*(?:\[|\.get\()")
+        if read.search(source, 0, match.start()) or read.search(source, close + 1):
             found.update(entries)
     return frozenset(found)
 

@@ -253,7 +253,11 @@ def config_default(
     # A nested settings object read by the chain written
     # (``algo = self.cfg.algorithm``; ``algo.kl_estimator_type``), not by
     # the name it was also given.
-    written = tuple(base.text.split(".")) if _DOTTED.fullmatch(base.text) else ()
+    written = (
+        tuple(base.text.split("."))
+        if len(base.names) > 2 and "." in base.text and _DOTTED.fullmatch(base.text)
+        else ()
+    )
     if len(written) < 2 or base.names[: len(written)] != written:
         written = base.names
     typed = typed_default(project, module, function, cls, written, attr, index=index)
