@@ -2058,8 +2058,8 @@ def _over_the_vocabulary(call: cst.Call) -> bool:
     return False
 
 
-def _switch_method(statement: cst.CSTNode) -> str | None:
-    """The method of a statement that is one call of a method
+def _method_call(statement: cst.CSTNode) -> cst.Call | None:
+    """The call of a statement that is one call of a method
     (``model.set_adapter("ref")``, ``actor.requires_grad_(False)``)."""
     if (
         isinstance(statement, cst.SimpleStatementLine)
@@ -2068,18 +2068,21 @@ def _switch_method(statement: cst.CSTNode) -> str | None:
         and isinstance(call := statement.body[0].value, cst.Call)
         and isinstance(call.func, cst.Attribute)
     ):
-        return call.func.attr.value
+        return call
     return None
+
+
+def _switch_method(statement: cst.CSTNode) -> str | None:
+    call = _method_call(statement)
+    return call.func.attr.value if call is not None else None  # type: ignore[attr-defined]
 
 
 def _freeze_switch(statement: cst.CSTNode) -> tuple[str, bool] | None:
     """``self.actor.requires_grad_(False)``: (the model's code, True to
     freeze, False to thaw); None for any other statement."""
+    call = _method_call(statement)
     if not (
-        isinstance(statement, cst.SimpleStatementLine)
-        and len(statement.body) == 1
-        and isinstance(statement.body[0], cst.Expr)
-        and isinstance(call := statement.body[0].value, cst.Call)
+        call is not None
         and isinstance(call.func, cst.Attribute)
         and call.func.attr.value == "requires_grad_"
         and len(call.args) == 1
@@ -2116,11 +2119,9 @@ def _adapter_switch(statement: cst.CSTNode) -> bool | None:
     """``model.set_adapter("ref")`` (or ``cfg.adapters["ref"]``,
     ``args.ref_adapter``): True for a switch to the reference's adapter,
     False to another, None for a statement that switches none."""
+    call = _method_call(statement)
     if not (
-        isinstance(statement, cst.SimpleStatementLine)
-        and len(statement.body) == 1
-        and isinstance(statement.body[0], cst.Expr)
-        and isinstance(call := statement.body[0].value, cst.Call)
+        call is not None
         and isinstance(call.func, cst.Attribute)
         and call.func.attr.value == "set_adapter"
         and call.args

@@ -670,7 +670,17 @@ def _scan_dict_configs(text: str, shown: str, defaults: _PackageDefaults) -> Non
     its own key, as in YAML, and by its dotted path
     (``algorithm.kl_penalty``), as ``config.algorithm.kl_penalty`` reads it."""
     line_of: Callable[[int], int] | None = None
-    for match in _DICT_CONFIG.finditer("\n" + text):  # a line starts after a newline
+    for _, start, tree in _dict_literals(_DICT_CONFIG, text):
+        line_of = line_of or _line_numbers(text)
+        _add_dict_settings(tree, "", shown, line_of(start), defaults)
+
+
+def _dict_literals(
+    pattern: re.Pattern[str], text: str
+) -> Iterator[tuple[re.Match[str], int, ast.Dict]]:
+    """Each dict literal a match of ``pattern`` (ending at its brace, on a line
+    it starts) opens: the match, the brace's offset in ``text``, the dict."""
+    for match in pattern.finditer("\n" + text):  # a line starts after a newline
         start = match.end() - 2  # the brace, in ``text``
         end = _closing_bracket(text, start + 1, _DICT_CONFIG_CHARS)
         if end is None:
@@ -679,10 +689,8 @@ def _scan_dict_configs(text: str, shown: str, defaults: _PackageDefaults) -> Non
             tree = ast.parse(text[start : end + 1], mode="eval").body
         except (SyntaxError, ValueError, RecursionError):
             continue
-        if not isinstance(tree, ast.Dict):
-            continue
-        line_of = line_of or _line_numbers(text)
-        _add_dict_settings(tree, "", shown, line_of(start), defaults)
+        if isinstance(tree, ast.Dict):
+            yield match, start, tree
 
 
 # ``loss_weights: dict = field(default_factory=lambda: {"kl_loss": -0.1})``
@@ -698,19 +706,10 @@ def _scan_factory_dicts(text: str, shown: str, defaults: _PackageDefaults) -> No
     (``loss_weights.kl_loss``), as ``cfg.loss_weights["kl_loss"]`` reads it;
     its bare key names no setting of its own."""
     line_of: Callable[[int], int] | None = None
-    for match in _FACTORY_DICT.finditer("\n" + text):
-        start = match.end() - 2
-        end = _closing_bracket(text, start + 1, _DICT_CONFIG_CHARS)
-        if end is None:
-            continue
-        try:
-            tree = ast.parse(text[start : end + 1], mode="eval").body
-        except (SyntaxError, ValueError, RecursionError):
-            continue
-        if isinstance(tree, ast.Dict):
-            line_of = line_of or _line_numbers(text)
-            prefix = match.group(1) + "."
-            _add_dict_settings(tree, prefix, shown, line_of(start), defaults, bare=False)
+    for match, start, tree in _dict_literals(_FACTORY_DICT, text):
+        line_of = line_of or _line_numbers(text)
+        prefix = match.group(1) + "."
+        _add_dict_settings(tree, prefix, shown, line_of(start), defaults, bare=False)
 
 
 _NAMESPACE = re.compile(r"\b(?:argparse\.|types\.)?(?:Simple)?Namespace\(")
