@@ -1139,7 +1139,13 @@ def _cut_along_time(expr: cst.Subscript, base: Unknown) -> bool:
     )
 
 
-_INIT_ASSIGNMENTS: dict[int, tuple[cst.FunctionDef, dict[str, list[cst.BaseExpression]]]] = {}
+_INIT_ASSIGNMENTS: dict[
+    int,
+    tuple[
+        cst.FunctionDef,
+        tuple[dict[str, list[cst.BaseExpression]], dict[str, list[cst.BaseExpression]]],
+    ],
+] = {}
 
 
 def _from_settings(value: Value, *, read_with_default: bool = False) -> bool:
@@ -1260,18 +1266,35 @@ _SETUP_STEPS: dict[int, tuple[ClassInfo, list[str]]] = {}
 
 def _init_assignments(init: cst.FunctionDef) -> dict[str, list[cst.BaseExpression]]:
     """``self.name = value`` statements at the top level of ``__init__``."""
+    return _top_level_assignments(init)[0]
+
+
+def _local_assignments(init: cst.FunctionDef) -> dict[str, list[cst.BaseExpression]]:
+    """``name = value`` statements at the top level of ``__init__``, by name."""
+    return _top_level_assignments(init)[1]
+
+
+def _top_level_assignments(
+    init: cst.FunctionDef,
+) -> tuple[dict[str, list[cst.BaseExpression]], dict[str, list[cst.BaseExpression]]]:
+    """The assignments at the top level of ``__init__``, read once: to
+    ``self``'s attributes (also annotated, ``self.shaper: Shaper = ...``)
+    and to local names."""
     cached = _INIT_ASSIGNMENTS.get(id(init))
     if cached is not None and cached[0] is init:
         return cached[1]
-    table: dict[str, list[cst.BaseExpression]] = {}
+    attributes: dict[str, list[cst.BaseExpression]] = {}
+    local: dict[str, list[cst.BaseExpression]] = {}
     for statement in init.body.body if isinstance(init.body, cst.IndentedBlock) else []:
         if not isinstance(statement, cst.SimpleStatementLine):
             continue
         for small in statement.body:
             if isinstance(small, cst.Assign) and len(small.targets) == 1:
                 target, value = small.targets[0].target, small.value
+                if isinstance(target, cst.Name):
+                    local.setdefault(target.value, []).append(value)
             elif isinstance(small, cst.AnnAssign) and small.value is not None:
-                target, value = small.target, small.value  # ``self.shaper: Shaper = ...``
+                target, value = small.target, small.value
             else:
                 continue
             if (
@@ -1279,9 +1302,9 @@ def _init_assignments(init: cst.FunctionDef) -> dict[str, list[cst.BaseExpressio
                 and isinstance(target.value, cst.Name)
                 and target.value.value == "self"
             ):
-                table.setdefault(target.attr.value, []).append(value)
-    _INIT_ASSIGNMENTS[id(init)] = (init, table)
-    return table
+                attributes.setdefault(target.attr.value, []).append(value)
+    _INIT_ASSIGNMENTS[id(init)] = (init, (attributes, local))
+    return attributes, local
 
 
 # Names of a return's discount and of GAE's lambda.
@@ -1379,28 +1402,6 @@ _CLASS_FUNCTIONS: dict[
     tuple[int, str], tuple[ClassInfo, tuple[cst.BaseExpression, ModuleInfo] | None]
 ] = {}
 _DOTTED_NAME = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+")
-
-
-def _local_assignments(init: cst.FunctionDef) -> dict[str, list[cst.BaseExpression]]:
-    """``name = value`` statements at the top level of ``__init__``, by name."""
-    cached = _LOCAL_ASSIGNMENTS.get(id(init))
-    if cached is not None and cached[0] is init:
-        return cached[1]
-    assigned: dict[str, list[cst.BaseExpression]] = {}
-    for statement in init.body.body if isinstance(init.body, cst.IndentedBlock) else []:
-        if isinstance(statement, cst.SimpleStatementLine):
-            for small in statement.body:
-                if (
-                    isinstance(small, cst.Assign)
-                    and len(small.targets) == 1
-                    and isinstance(small.targets[0].target, cst.Name)
-                ):
-                    assigned.setdefault(small.targets[0].target.value, []).append(small.value)
-    _LOCAL_ASSIGNMENTS[id(init)] = (init, assigned)
-    return assigned
-
-
-_LOCAL_ASSIGNMENTS: dict[int, tuple[cst.FunctionDef, dict[str, list[cst.BaseExpression]]]] = {}
 
 
 def _init_locals(
