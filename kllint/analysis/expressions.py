@@ -484,6 +484,11 @@ class Expressions(Frame):
                 setting = self.setting_in_init(attr)
                 if setting is not None:
                     return setting
+            constant = selectors.class_setting(self.context.project, base.cls, base.module, attr)
+            if constant is not None:
+                # ``self.level`` of a ``class SequenceK3(K3, level="sequence")``
+                # object, or a class body's ``kl_type = "k3"``.
+                return constant
             flag = selectors.field_flag(base.cls, attr)
             return Unknown(code(expr), (attr,), default_flag=flag)
         if isinstance(base, DictVal) and attr in base.items:

@@ -91,6 +91,9 @@ class ClassInfo:
         self.bases = bases if bases is not None else []
         self._text = text
         self._fields: list[ClassField] | None = None
+        # What ``__init_subclass__`` hooks of the lineage set from class
+        # keywords (see ``selectors.subclass_keyword``), once looked for.
+        self.subclass_hooks: dict[str, str] | None = None
 
     @property
     def node(self) -> cst.ClassDef:
@@ -499,7 +502,8 @@ def decorator_registries(source: str, tree: ast.Module | None = None) -> dict[st
     key stays unread.
     """
     empty = set(_EMPTY_REGISTRY.findall(source))
-    if "@" not in source or not (empty or _class_registry_possible(source)):
+    hooks = "__init_subclass__" in source
+    if not hooks and ("@" not in source or not (empty or _class_registry_possible(source))):
         return {}
     if tree is None:
         try:
@@ -507,6 +511,9 @@ def decorator_registries(source: str, tree: ast.Module | None = None) -> dict[st
         except SyntaxError:
             return {}
     fillers: dict[str, str] = {}  # decorator factory -> the registry it fills
+    # ``class KLK3(KLEstimator, name="k3")`` with ``KLEstimator.__init_subclass__``
+    # storing ``cls.registry[name] = cls``: the class keyword that keys the registry.
+    keyed_by: dict[str, str] = {}  # class keyword -> the registry it fills
     for statement in tree.body:
         if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef)):
             registry = _filled_registry(
@@ -530,12 +537,27 @@ def decorator_registries(source: str, tree: ast.Module | None = None) -> dict[st
                     continue
                 holds = functools.partial(_class_attribute_in, statement.name, frozenset(owned))
                 registry = _filled_registry(method, holds)
-                if registry is not None:
+                if registry is None:
+                    continue
+                if method.name == "__init_subclass__":
+                    parameter = _registry_key(method, holds)
+                    if parameter is not None:
+                        keyed_by[parameter] = f"{statement.name}.{registry}"
+                else:
                     fillers[f"{statement.name}.{method.name}"] = f"{statement.name}.{registry}"
     entries: dict[str, list[tuple[str, str]]] = {}
     for statement in tree.body:
         if not isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             continue
+        if isinstance(statement, ast.ClassDef):
+            for keyword in statement.keywords:
+                registry = keyed_by.get(keyword.arg or "")
+                if registry is None:
+                    continue
+                value = keyword.value
+                named = value.value if isinstance(value, ast.Constant) else None
+                entry = (named, statement.name) if isinstance(named, str) else ("", "")
+                entries.setdefault(registry, []).append(entry)
         for decorator in statement.decorator_list:
             if not isinstance(decorator, ast.Call):
                 continue
@@ -596,6 +618,24 @@ def _filled_registry(
                 if isinstance(target, ast.Subscript) and holds(target.value):
                     held = target.value
                     return held.id if isinstance(held, ast.Name) else held.attr  # type: ignore[attr-defined]
+    return None
+
+
+def _registry_key(
+    function: ast.FunctionDef | ast.AsyncFunctionDef, holds: Callable[[ast.expr], bool]
+) -> str | None:
+    """The parameter of ``__init_subclass__`` that keys ``cls.registry[name] = cls``."""
+    parameters = {a.arg for a in function.args.args[1:] + function.args.kwonlyargs}
+    for node in ast.walk(function):
+        if isinstance(node, ast.Assign):
+            for target in node.targets:
+                if (
+                    isinstance(target, ast.Subscript)
+                    and holds(target.value)
+                    and isinstance(target.slice, ast.Name)
+                    and target.slice.id in parameters
+                ):
+                    return target.slice.id
     return None
 
 

@@ -175,7 +175,11 @@ def class_setting(project: Project, cls: ClassInfo, module: ModuleInfo, attr: st
     """A string a class body (the class's or a base's of the project) gives
     ``attr``, when no line of the class assigns ``self.attr``. Asked of
     every ``self.x`` read: only for a name that can choose an estimator
-    (``DIVERGENCE``, ``kl_type``), not ``self.model``."""
+    (``DIVERGENCE``, ``kl_type``), not ``self.model``; any name a class
+    keyword sets through ``__init_subclass__`` (``level="sequence"``)."""
+    keyword = subclass_keyword(project, cls, module, attr)
+    if keyword is not None:
+        return keyword
     if not (attr.isupper() or names_a_selector(attr)):
         return None
     for current, where in project.lineage(cls, module):
@@ -186,6 +190,51 @@ def class_setting(project: Project, cls: ClassInfo, module: ModuleInfo, attr: st
             line = where.line_of_class(current.name)
             return Py(value, source=f"`{current.name}.{attr}` ({where.path.name}:{line})")
     return None
+
+
+def subclass_keyword(project: Project, cls: ClassInfo, module: ModuleInfo, attr: str) -> Py | None:
+    """``class SequenceK3(K3, level="sequence")`` under a base whose
+    ``__init_subclass__(cls, level="token")`` sets ``cls.level = level``:
+    the keyword the class, or its nearest base, is defined with. A class
+    defined without it is left to the class bodies (the hook may set the
+    attribute only when given one)."""
+    parameter = _subclass_hooks(project, cls, module).get(attr)
+    if parameter is None:
+        return None
+    for current, where in project.lineage(cls, module):
+        for given in current.node.keywords:
+            if given.keyword is None or given.keyword.value != parameter:
+                continue
+            value = _literal_node(given.value)
+            if value is None:
+                return None
+            line = where.line_of_class(current.name)
+            return Py(value, source=f"`class {current.name}` ({where.path.name}:{line})")
+    return None
+
+
+def _subclass_hooks(project: Project, cls: ClassInfo, module: ModuleInfo) -> dict[str, str]:
+    """What the ``__init_subclass__`` of ``cls``'s lineage sets from its
+    parameters: each class attribute with the parameter it is set from."""
+    if cls.subclass_hooks is None:
+        cls.subclass_hooks = {}
+        for current, _ in project.lineage(cls, module):
+            if "__init_subclass__" not in current.methods:
+                continue
+            hook = current.methods["__init_subclass__"]
+            parameters = {p.name.value for p in named_params(hook)}
+            for node in descendants(hook.body):
+                if (
+                    isinstance(node, cst.Assign)
+                    and len(node.targets) == 1
+                    and isinstance(target := node.targets[0].target, cst.Attribute)
+                    and isinstance(target.value, cst.Name)
+                    and target.value.value == "cls"
+                    and isinstance(node.value, cst.Name)
+                    and node.value.value in parameters
+                ):
+                    cls.subclass_hooks.setdefault(target.attr.value, node.value.value)
+    return cls.subclass_hooks
 
 
 def names_a_selector(attr: str) -> bool:
