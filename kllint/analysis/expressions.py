@@ -843,9 +843,13 @@ class Expressions(Frame):
             # ``self.kl_type = KLType(cfg.kl_type)`` of an ``IntEnum`` field: an
             # int that chooses (a coefficient's number stays open).
             return value
-        if (isinstance(assigned[0], cst.Subscript) and _from_settings(value)) or (
-            _number_setting(assigned[0]) and _from_settings(value, read_with_default=True)
-        ):
+        # ``cfg["kl_penalty"]``, also where ``cfg`` defaults to a settings dict
+        # of the module: a run may give any number, so not the default's (a
+        # default of 0 would otherwise switch the KL term off for kllint).
+        if (
+            isinstance(assigned[0], cst.Subscript)
+            and (_from_settings(value) or isinstance(value, ir.Const))
+        ) or (_number_setting(assigned[0]) and _from_settings(value, read_with_default=True)):
             return ir.Atom(Role.COEFFICIENT, f"self.{attr}")
         if isinstance(value, Unknown) and value.module is not None:
             # ``getattr(kl_estimators, f"kl_{cfg.kl.estimator}")``: a function
