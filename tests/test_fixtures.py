@@ -9,6 +9,7 @@ Conventions (Semgrep style), on the line *above* the line they describe:
 Every finding must be expected by an ``error`` annotation: an unannotated
 finding fails the test, so the corpus measures precision as well as recall.
 A token-level k3 loss may also carry KL003 where KL002 is expected.
+Each finding reads as one short headline with its reasoning in notes.
 """
 
 from __future__ import annotations
@@ -48,6 +49,10 @@ def test_fixture(path: Path) -> None:
     reported: dict[int, set[str]] = {}
     for finding in findings:
         reported.setdefault(finding.line, set()).add(finding.code)
+        # Every headline is one short line; the reasoning is in the notes.
+        assert "\n" not in finding.message and ";" not in finding.message, finding.message
+        assert len(finding.message) <= 120, finding.message
+        assert finding.notes, finding.code
 
     problems = []
     for line, codes in expected["error"].items():

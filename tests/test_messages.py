@@ -42,17 +42,10 @@ def test_a_selector_resolved_from_a_config_default_is_a_note() -> None:
     ]
 
 
-def test_every_headline_is_one_short_line() -> None:
-    everything = [
-        f
-        for path in sorted(FIXTURES.rglob("*.py"))
-        for f in findings(str(path.relative_to(FIXTURES)))
-    ]
-    assert everything
-    for finding in everything:
-        assert "\n" not in finding.message and ";" not in finding.message, finding.message
-        assert len(finding.message) <= 120, finding.message
-        assert finding.notes, finding.code
+def test_a_method_is_named_at_its_own_class_def() -> None:
+    # ``KLLowVar.estimate``, not the abstract ``KLEstimator.estimate`` above it.
+    k3 = next(f for f in findings("heldout135/e01_verl_abc_registry_low_var_kl.py") if f.line == 97)
+    assert any(n.startswith("computed in `estimate` (") and n.endswith(":60)") for n in k3.notes)
 
 
 def test_an_unresolved_selector_gives_one_finding_naming_the_other_branches(

@@ -631,9 +631,12 @@ class Expressions(Frame):
         self, cls: ClassInfo, module: ModuleInfo, attr: str
     ) -> tuple[cst.BaseExpression, ModuleInfo] | None:
         for current, where in self.context.project.lineage(cls, module):
-            # The class's fields are read from its text: its LibCST node is
-            # parsed only when it assigns the name.
-            if not any(f.name == attr and not f.annotated for f in current.fields):
+            # The class's fields are read from its text, once its file assigns
+            # the name in some block; its LibCST node is parsed only when the
+            # class body assigns the name a function.
+            if not where.assigns_in_a_block(attr) or not any(
+                f.name == attr and f.function_like for f in current.fields
+            ):
                 continue
             for statement in current.node.body.body:
                 if not (

@@ -2221,7 +2221,11 @@ def helper_label(ref: FuncRef) -> str:
         shown = path.relative_to(Path.cwd()).as_posix()
     except ValueError:
         shown = path.as_posix()
-    line = ref.module.line_of_def(ref.name)
+    line = (
+        ref.module.line_of_method(ref.cls.name, ref.name)
+        if ref.cls is not None
+        else ref.module.line_of_def(ref.name)
+    )
     return f"`{ref.name}` ({shown}:{line})" if line else f"`{ref.name}` ({shown})"
 
 

@@ -69,6 +69,9 @@ class ClassField:
     # ``algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)``:
     # the class of a nested settings object (its annotation, else its factory).
     config_class: str | None = None
+    # ``kl_fn = staticmethod(low_var_kl)``, ``kl_fn = low_var_kl``, a lambda:
+    # may hold a function an object calls as ``self.kl_fn(...)``.
+    function_like: bool = False
 
 
 class ClassInfo:
@@ -208,9 +211,23 @@ def _ast_fields(text: str) -> list[ClassField]:
                     literal(small.value),
                     None,
                     flag_default=flag(small.value),
+                    function_like=_function_like(small.value),
                 )
             )
     return found
+
+
+def _function_like(value: ast.expr) -> bool:
+    if (
+        isinstance(value, ast.Call)
+        and isinstance(value.func, ast.Name)
+        and value.func.id in ("staticmethod", "classmethod")
+        and value.args
+    ):
+        value = value.args[0]
+    return isinstance(value, ast.Lambda) or (
+        isinstance(value, ast.Name) and value.id not in ("None", "True", "False")
+    )
 
 
 def _class_named(annotation: ast.expr | None) -> str | None:
@@ -293,7 +310,8 @@ class ModuleInfo:
         self.path = path
         self._module = module
         self.source = source
-        self._def_lines: dict[str, int] | None = None
+        self._outline: list[tuple[int, int, str, str]] | None = None
+        self._block_names: dict[str, bool] = {}
         self._sketch = sketch
         # The names in the file's own statements that define nothing (a
         # script's loop), for a file read definition by definition. Code
@@ -345,14 +363,7 @@ class ModuleInfo:
 
     def line_of_def(self, name: str) -> int:
         """The line of ``def name(`` (from the text: no position metadata needed)."""
-        if self._def_lines is None:
-            self._def_lines = {}
-            for number, line in enumerate(self.source.splitlines(), 1):
-                stripped = line.lstrip()
-                if stripped.startswith(("def ", "async def ")):
-                    fn = stripped.split("def ", 1)[1].split("(", 1)[0].strip()
-                    self._def_lines.setdefault(fn, number)
-        return self._def_lines.get(name, 0)
+        return next((line for line, _, kind, n in self.outline if kind == "def" and n == name), 0)
 
     @property
     def sketch(self) -> Sketch:
@@ -361,12 +372,44 @@ class ModuleInfo:
         return self._sketch
 
     def line_of_class(self, name: str) -> int:
-        # ``class Actor`` is not ``class ActorConfig``: the name ends the word.
-        header = re.compile(rf"class\s+{re.escape(name)}\b")
-        for number, line in enumerate(self.source.splitlines(), 1):
-            if header.match(line.lstrip()):
-                return number
-        return 0
+        return next((line for line, _, kind, n in self.outline if kind == "class" and n == name), 0)
+
+    def assigns_in_a_block(self, name: str) -> bool:
+        """``    kl_fn = ...`` at the start of an indented line: the name
+        assigned in a class body (or a function's), not only as ``self.kl_fn``."""
+        known = self._block_names.get(name)
+        if known is None:
+            pattern = rf"^[ \t]+{re.escape(name)}[ \t]*(?::[^=\n]*)?=(?!=)"
+            known = self._block_names[name] = re.search(pattern, self.source, re.M) is not None
+        return known
+
+    def line_of_method(self, cls: str, name: str) -> int:
+        """The line of ``def name(`` in the body of ``class cls`` (an
+        abstract base's ``estimate`` is not its subclass's)."""
+        entries = self.outline
+        for index, (_, indent, kind, found) in enumerate(entries):
+            if kind == "class" and found == cls:
+                for line, inner, inner_kind, inner_name in entries[index + 1 :]:
+                    if inner <= indent:
+                        break
+                    if inner_kind == "def" and inner_name == name:
+                        return line
+                break
+        return self.line_of_def(name)
+
+    @property
+    def outline(self) -> list[tuple[int, int, str, str]]:
+        """Each ``class`` and ``def`` line of the file, read from its text:
+        (line, indentation, "class" or "def", name)."""
+        if self._outline is None:
+            self._outline = []
+            line, counted = 1, 0
+            for header in _HEADER.finditer(self.source):
+                line += self.source.count("\n", counted, header.start())
+                counted = header.start()
+                indent = len(header.group(1).expandtabs())
+                self._outline.append((line, indent, header.group(2), header.group(3)))
+        return self._outline
 
     def _collect(self, body: object) -> None:
         for statement in body:  # type: ignore[attr-defined]
