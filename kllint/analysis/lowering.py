@@ -761,6 +761,11 @@ def _matmul(at: TorchCall, receiver: Value, args: Args, kwargs: Kwargs) -> Value
     return summed if summed is not None else ir.Opaque(".matmul()")
 
 
+def _new_tensor(at: TorchCall, receiver: Value, args: Args, kwargs: Kwargs) -> Value:
+    copied = _tensor(at, args, kwargs)
+    return copied if copied is not None else Unknown(at.code, ("tensor",), call=True, detached=True)
+
+
 def _method_registry() -> dict[str, MethodLowering]:
     """Earlier entries win: ``gather`` keeps the token it selects although it
     also keeps the tensor's role, ``item`` detaches."""
@@ -792,6 +797,11 @@ def _method_registry() -> dict[str, MethodLowering]:
     # A new tensor of zeros (or ones) shaped like the receiver: a constant.
     registry.setdefault("new_zeros", lambda at, receiver, args, kwargs: ir.Const(0.0))
     registry.setdefault("new_ones", lambda at, receiver, args, kwargs: ir.Const(1.0))
+    # ``x.masked_select(loss_mask)``: the kept tokens packed flat; summed, as
+    # the tokens weighted by the 0/1 mask.
+    registry.setdefault("masked_select", _binary("mul"))
+    # ``x.new_tensor(data)``: ``data`` copied into a new tensor, without its graph.
+    registry.setdefault("new_tensor", _new_tensor)
     registry.setdefault("log_prob", _log_prob)
     registry.setdefault("flip", _flip)
     registry.setdefault("fliplr", _flip)
@@ -1141,8 +1151,13 @@ def _tensor(at: TorchCall, args: Args, kwargs: Kwargs) -> Value | None:
     engine's log-probs as floats, a copy of a tensor)."""
     if args and isinstance(args[0], ir.Const):
         return args[0]
-    if args and isinstance(args[0], ir.Node):
-        return ir.detach(args[0], at.origin)
+    data = args[0] if args else None
+    if isinstance(data, Seq) and len(data.items) == 1 and data.appended:
+        # ``torch.tensor([0.5 * seg.sum() ** 2 for seg in ...])``: one row
+        # stands for each, copied out of the graph.
+        data = data.items[0]
+    if isinstance(data, ir.Node):
+        return ir.detach(data, at.origin)
     return Unknown("torch.tensor(...)", ("tensor",), call=True, detached=True)
 
 
