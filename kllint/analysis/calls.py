@@ -184,6 +184,11 @@ class Calls(Expressions):
                 if any(base.rpartition(".")[2] == "NamedTuple" for base in found[0].bases):
                     record.positional = tuple(fields)
                 return record
+            if found is not None and not _is_enum(found[0]) and _has_methods(found[0]):
+                # ``kl_penalty = KLPenalty(args.kl_loss_coef)``, then
+                # ``kl_penalty.per_token_kl(logp, ref, mask)``: a helper object
+                # whose methods run where they are called.
+                return self.instantiate(found[0], found[1], call)
             if found is not None and len(args) == 1 and _is_enum(found[0]):
                 # ``KLType(cfg.get("kl_type", "k3"))``: the member of that
                 # value, which stands for its value as ``KLType.K3`` does.
