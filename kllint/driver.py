@@ -310,6 +310,9 @@ def _verdicts(sinks: list[Sink], path: str) -> list[_Verdict]:
     right_where_run: set[int] = set()
     # Losses whose KL is right on the implementation the flags' defaults run.
     right_by_default: set[int] = set()
+    # Backward passes of a function a caller inlined, with the arguments the
+    # caller passes: whether every KL term there was judged right.
+    right_in_a_caller: dict[int, bool] = {}
     for sink in _judged(sinks):
         for branch, loss in _losses(sink, path):
             terms = kl_terms(loss)
@@ -323,6 +326,11 @@ def _verdicts(sinks: list[Sink], path: str) -> list[_Verdict]:
                 if all(ir.depends_on_policy(t) for t in terms):
                     continue
             for site in _sites(sink, branch, loss, terms, path):
+                if sink.backward and sink.inlined_backward is not None:
+                    backward = id(sink.inlined_backward)
+                    right_in_a_caller[backward] = right_in_a_caller.get(backward, True) and (
+                        site.profile.sequence_correct
+                    )
                 if sink.backward and site.profile.sequence_correct:
                     right_where_run.update(_origin_nodes_within(site.term))
                 if site.profile.sequence_correct and not off_the_default_implementation(branch):
@@ -352,19 +360,25 @@ def _verdicts(sinks: list[Sink], path: str) -> list[_Verdict]:
             and all(id(s.node) in right_by_default for s in v.sinks)
         )
     ]
-    verdicts = _as_run(verdicts, right_where_run)
+    verdicts = _as_run(
+        verdicts, right_where_run, {key for key, right in right_in_a_caller.items() if right}
+    )
     paired = _right_together(verdicts)
     return _one_per_expression([v for v in _kept(verdicts, cleared) if id(v) not in paired])
 
 
-def _as_run(verdicts: list[_Verdict], right_where_run: set[int]) -> list[_Verdict]:
+def _as_run(
+    verdicts: list[_Verdict], right_where_run: set[int], right_in_callers: set[int]
+) -> list[_Verdict]:
     """What the training step runs decides an estimate's verdict. A loss
     function read alone (``compute_actor_loss(data, config)``) guesses what
     its arguments are (``data["log_prob"]`` read as stored, without
     gradient); the step that backpropagates it passes them. Of an estimate
     judged in a backward pass, a verdict reached only by reading a function
     alone is dropped when the backward pass judged it right or reached
-    another rule there."""
+    another rule there. So is one of a training step read alone (``exp``
+    unknown) whose backward pass a caller inlined and judged right
+    (``trainer.train_step(trainer.make_experience(batch))``)."""
     run: dict[int, set[str]] = {}
     for v in verdicts:
         if any(s.backward for s in v.sinks):
@@ -372,6 +386,11 @@ def _as_run(verdicts: list[_Verdict], right_where_run: set[int]) -> list[_Verdic
     kept = []
     for v in verdicts:
         origin = id(v.site.origin.cst_node)
+        if all(
+            s.backward and s.inlined_call is None and id(s.node) in right_in_callers
+            for s in v.sinks
+        ):
+            continue
         if not any(s.backward for s in v.sinks) and (
             origin in right_where_run
             or (origin in run and v.rule.code not in run[origin])
@@ -535,7 +554,13 @@ def _with_the_readers_divisors(assumed: ir.Node, known: ir.Node) -> bool:
 
 
 def _coefficients(term: ir.Node) -> set[str]:
-    return {n.name for n in term.walk() if isinstance(n, ir.Atom) and n.role is ir.Role.COEFFICIENT}
+    """The settings a term is scaled by, by name; ``self.args.kl_coef`` is the
+    ``args.kl_coef`` of a method that wrote ``args = self.args``."""
+    return {
+        n.name.removeprefix("self.")
+        for n in term.walk()
+        if isinstance(n, ir.Atom) and n.role is ir.Role.COEFFICIENT
+    }
 
 
 def _correct_together(terms: list[ir.Node]) -> bool:

@@ -764,6 +764,11 @@ class Interpreter(Calls):
                                 or sinks.is_returns_key(small.value.value)
                             )
                         )
+                        # ``return cumulative_returns(rewards, mask, gamma)``
+                        or (
+                            isinstance(small.value, cst.Call)
+                            and sinks.gives_returns(dotted_name(small.value.func) or "")
+                        )
                     )
                     and not self.context.calls_anywhere(self.function_name)
                 )
@@ -1004,6 +1009,7 @@ class Interpreter(Calls):
                     self.entry_root,
                     backward,
                     inlined_call=self.entry_call.cst_node,  # type: ignore[arg-type]
+                    inlined_backward=node,
                     owner=self.self_class[0].name if self.self_class else None,
                 )
             )

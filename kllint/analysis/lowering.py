@@ -439,6 +439,12 @@ def _reduce(name: str) -> MethodLowering:
         dim = kwargs.get("dim", kwargs.get("axis", args[0] if args else None))
         reduced = axis(dim)
         origin = at.origin
+        if isinstance(receiver, Choice) and any(
+            isinstance(v, Grouped) for _, v in receiver.options
+        ):
+            # Rewards grouped by prompt on one path (a KL reward switched on)
+            # and on the other: each path's groups reduced as groups.
+            return Choice([(label, lower(at, v, args, kwargs)) for label, v in receiver.options])
         if isinstance(receiver, Grouped) and receiver.time:
             return _reduce_grouped_tokens(kind, receiver, dim, origin)
         if isinstance(receiver, Grouped):

@@ -36,6 +36,8 @@ class Sink:
     # For a backward pass inside a helper the function calls: that call.
     # Estimates computed inside the helper are the helper's own findings.
     inlined_call: cst.CSTNode | None = None
+    # And the backward call itself, inside the helper.
+    inlined_backward: cst.CSTNode | None = None
     # The class whose method computed it (of ``self``'s class, for an
     # inherited method run for a subclass); None for a plain function.
     owner: str | None = None
@@ -260,6 +262,13 @@ def stored_returns(target: cst.BaseExpression) -> str | None:
     are stored beside them (beside them, returns are a critic's targets)."""
     key = _stored_key(target)
     return code(target) if key is not None and is_returns_key(key) else None
+
+
+def gives_returns(function: str) -> bool:
+    """``cumulative_returns``, ``compute_gae_advantages``, ``discounted_returns``:
+    a function named for the returns or advantages it gives back."""
+    ws = roles.words(function.rpartition(".")[2])
+    return bool(ws) and ws[-1] in ("returns", "advantages", "advantage")
 
 
 def is_returns_key(name: str) -> bool:
