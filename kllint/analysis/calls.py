@@ -4,6 +4,7 @@ values kllint cannot compute, of ``.backward()`` (a sink)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -551,10 +552,13 @@ class Calls(Expressions):
         ref: FuncRef | None = None
         if isinstance(target, cst.Attribute):
             name = target.attr.value
+            # A file without ``remote`` decorators has no actor class: its
+            # classes are not parsed to look.
+            actors = _REMOTE_DECORATOR.search(self.module.source) is not None
             owners = [
                 c
                 for c in self.module.classes.values()
-                if name in c.methods and _ray_remote(c.node.decorators)
+                if actors and name in c.methods and _ray_remote(c.node.decorators)
             ]
             if len(owners) == 1:
                 ref = self.context.project.method(owners[0], self.module, name)
@@ -1549,6 +1553,9 @@ def _a_number(value: Value) -> bool:
             value.names[-1] if value.names else value.text
         ) in (None, Role.COEFFICIENT)
     return False
+
+
+_REMOTE_DECORATOR = re.compile(r"^[ \t]*@[\w.]*remote\b", re.MULTILINE)
 
 
 def _ray_remote(decorators: Sequence[cst.Decorator]) -> bool:
