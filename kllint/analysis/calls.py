@@ -1345,6 +1345,12 @@ class Calls(Expressions):
 
     # ----------------------------------------------------------------- tensor operations
 
+    def of_sequence_rows(self, expr: cst.BaseExpression) -> bool:
+        """Arithmetic on loop variables that each hold one response of a
+        packed tensor (``lp - ref`` of ``zip(lp_chunks, ref_chunks)``)."""
+        names = _names_of(expr)
+        return bool(names) and all(n in self.sequence_rows for n in names)  # type: ignore[union-attr]
+
     def method_op(
         self,
         name: str,
@@ -1359,11 +1365,11 @@ class Calls(Expressions):
             and not args
             and not kwargs
             and isinstance(call.func, cst.Attribute)
-            and isinstance(call.func.value, cst.Name)
-            and call.func.value.value in self.sequence_rows
+            and self.of_sequence_rows(call.func.value)
         ):
-            # ``[x.sum() for x in log_ratio.split(response_lengths)]``: one
-            # response's tokens, whose one axis is time.
+            # ``[x.sum() for x in log_ratio.split(response_lengths)]``, also
+            # ``(lp - ref).sum()`` of two such rows: one response's tokens,
+            # whose one axis is time.
             kwargs = {"dim": cst.Integer("1")}
         return lowering.tensor_method(
             self.torch_call(call),
@@ -1372,6 +1378,21 @@ class Calls(Expressions):
             [self.eval(a.value) for a in args],
             {k: self.eval(v) for k, v in kwargs.items()},
         )
+
+
+def _names_of(expr: cst.BaseExpression) -> list[str] | None:
+    """The names arithmetic on names reads (``lp - ref``, ``(x * m)``); None
+    for anything else (a call, an attribute)."""
+    if isinstance(expr, cst.Name):
+        return [expr.value]
+    if isinstance(expr, (cst.Integer, cst.Float)):
+        return []
+    if isinstance(expr, cst.BinaryOperation):
+        left, right = _names_of(expr.left), _names_of(expr.right)
+        return None if left is None or right is None else left + right
+    if isinstance(expr, cst.UnaryOperation):
+        return _names_of(expr.expression)
+    return None
 
 
 def _without_calls(expr: cst.BaseExpression) -> bool:

@@ -173,6 +173,9 @@ class Frame:
         # Loop variables bound to one response of a packed tensor
         # (``for x in log_ratio.split(response_lengths)``): their one axis is time.
         self.sequence_rows: set[str] = set()
+        # Names holding such responses, cut apart before a loop takes them
+        # (``lp_chunks = torch.split(logp, input_lengths)``).
+        self.sequence_splits: dict[str, Value] = {}
         # ``rollout_data["advantages"] = advantages``: advantages written for
         # a loss elsewhere to read back (with the path they were written on).
         self.stored_advantages: list[tuple[cst.CSTNode, str, Value]] = []

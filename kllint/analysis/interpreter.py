@@ -531,6 +531,14 @@ class Interpreter(Calls):
             self.assign(target, self.eval(pieces), node)
             self.sequence_rows.add(target.value)
             return
+        if (
+            isinstance(iterable, cst.Name)
+            and iterable.value in self.sequence_splits
+            and isinstance(target, cst.Name)
+        ):
+            self.assign(target, self.sequence_splits[iterable.value], node)
+            self.sequence_rows.add(target.value)
+            return
         value = self.eval(pieces if pieces is not None else iterable)
         lists = (
             [v for _, v in value.options if isinstance(v, Seq) and v.items]
@@ -1151,6 +1159,16 @@ class Interpreter(Calls):
     def assign_name(self, name: str, value: Value, node: cst.CSTNode) -> None:
         """``name = value``: the name is evidence of what the value is."""
         self.sequence_rows.discard(name)
+        self.sequence_splits.pop(name, None)
+        if (
+            isinstance(node, cst.Assign)
+            and split_tensor(node.value) is not None
+            and splits_by_length(node.value)
+        ):
+            # Each piece is what the tensor cut apart is.
+            self.sequence_splits[name] = (
+                value.items[0] if isinstance(value, Seq) and value.items else value
+            )
         patterns = self.context.role_patterns
         # ``logp_chunks = []``: a list to be filled, not yet a log-prob.
         to_fill = isinstance(value, Seq) and not value.items
