@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from kllint.cache import Cache
 from kllint.config import load_settings
 from kllint.engine import LintResult, lint_paths
 from kllint.findings import Finding
@@ -37,14 +36,10 @@ def sweep(tmp_path_factory: pytest.TempPathFactory) -> Sweep:
     root = tmp_path_factory.mktemp("fixtures") / "fixtures"
     shutil.copytree(FIXTURES, root)
     settings = load_settings([root])
-    # Through kllint's cache, as a user's second run goes: the re-lint
-    # analyses again the files the fixes changed and those whose analysis
-    # read one of them, and takes the others' findings from the first run.
-    cache = tmp_path_factory.mktemp("cache")
-    before = lint_paths([root], settings, jobs=2, cache=Cache(cache, settings))
+    before = lint_paths([root], settings, jobs=2)
     fixes = fix_result(before, settings, unsafe=True)
     write(fixes)
-    after = lint_paths([root], settings, jobs=2, cache=Cache(cache, settings))
+    after = lint_paths([root], settings, jobs=2)
     # A second run over the files the first changed: on the others it would
     # redo what the first run did, on the same text.
     changed = {f.path for f in fixes if f.changed}
