@@ -185,10 +185,19 @@ class Calls(Expressions):
                 if any(base.rpartition(".")[2] == "NamedTuple" for base in found[0].bases):
                     record.positional = tuple(fields)
                 return record
-            if found is not None and not _is_enum(found[0]) and _has_methods(found[0]):
+            if (
+                found is not None
+                and found[1] is self.module
+                and not _is_enum(found[0])
+                and _has_methods(found[0])
+                and _computes_a_kl(*found)
+            ):
                 # ``kl_penalty = KLPenalty(args.kl_loss_coef)``, then
                 # ``kl_penalty.per_token_kl(logp, ref, mask)``: a helper object
-                # whose methods run where they are called.
+                # of this file whose methods run where they are called. Only
+                # one with a method that can compute a KL term (others change
+                # no verdict), and not another module's (a trainer built in a
+                # launch script would bring its whole training run along).
                 return self.instantiate(found[0], found[1], call)
             if found is not None and len(args) == 1 and _is_enum(found[0]):
                 # ``KLType(cfg.get("kl_type", "k3"))``: the member of that
@@ -1443,6 +1452,13 @@ def _has_methods(cls: ClassInfo) -> bool:
     or ``__call__``: an object called (a reward shaper) is more than a record."""
     return any(
         name == "__call__" or not (name.startswith("__") and name.endswith("__"))
+        for name in cls.methods
+    )
+
+
+def _computes_a_kl(cls: ClassInfo, module: ModuleInfo) -> bool:
+    return any(
+        name != "__init__" and roles.sketch_may_compute_kl(module.sketch, cls.name, name)
         for name in cls.methods
     )
 
