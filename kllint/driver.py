@@ -29,7 +29,7 @@ from kllint.analysis.interpreter import (
     registered_callables,
 )
 from kllint.analysis.ir import clear_caches
-from kllint.analysis.module import FIRST_LINES, ClassInfo, parse_module
+from kllint.analysis.module import FIRST_LINES, ClassInfo, ModuleInfo, parse_module
 from kllint.analysis.project import Project
 from kllint.analysis.roles import (
     RolePatterns,
@@ -137,7 +137,7 @@ def interpret(
             sketch_may_compute_kl(info.sketch, *key) and may_hold_a_finding(info, name, cls)
         )
 
-    for fn, cls in _writers_of_kl_entries_first(iter_functions(info, keep), source):
+    for fn, cls in _writers_of_kl_entries_first(iter_functions(info, keep), info):
         # A constructor builds an object; what it computes reaches no loss.
         # (Functions nested in it still run; it is still interpreted where
         # an object is built, for the attributes its methods read.)
@@ -167,7 +167,7 @@ _KEY_WRITTEN = re.compile(r"""\[\s*["'](\w+)["']\s*\]\s*=(?!=)""")
 
 
 def _writers_of_kl_entries_first(
-    functions: Iterable[tuple[cst.FunctionDef, ClassInfo | None]], source: str
+    functions: Iterable[tuple[cst.FunctionDef, ClassInfo | None]], info: ModuleInfo
 ) -> list[tuple[cst.FunctionDef, ClassInfo | None]]:
     """The functions in the order they are interpreted: those that store a KL
     under a key named as one (a trainer's reference step) before the rest, so
@@ -175,30 +175,28 @@ def _writers_of_kl_entries_first(
     the file, sees what was stored. Found in the text: the ``def`` each such
     write follows."""
     ordered = list(functions)
+    source = info.source
     writes = [
-        m.start()
+        source.count("\n", 0, m.start()) + 1
         for m in _KEY_WRITTEN.finditer(source)
         if roles.has_words(m.group(1), roles.KL_WORDS)
     ]
     if not writes:
         return ordered
-    defs = [(m.start(), len(m.group(1)), m.group(2)) for m in _DEF.finditer(source)]
-    starts = [start for start, _, _ in defs]
+    defs = [(line, indent, name) for line, indent, kind, name in info.outline if kind == "def"]
+    lines = [line for line, _, _ in defs]
     writers: set[str] = set()
     for write in writes:
         # The ``def`` the write follows and those it is nested in (a closure
         # runs after the function whose locals it reads).
         indent = None
-        for _, depth, name in reversed(defs[: bisect.bisect_right(starts, write)]):
+        for _, depth, name in reversed(defs[: bisect.bisect_right(lines, write)]):
             if indent is None or depth < indent:
                 writers.add(name)
                 indent = depth
             if depth == 0:
                 break
     return sorted(ordered, key=lambda item: item[0].name.value not in writers)
-
-
-_DEF = re.compile(r"^([ \t]*)(?:async[ \t]+)?def[ \t]+(\w+)", re.M)
 
 
 def _top_level_matters(names: set[str]) -> bool:

@@ -190,7 +190,7 @@ class Calls(Expressions):
                 and found[1] is self.module
                 and not _is_enum(found[0])
                 and _has_methods(found[0])
-                and _computes_a_kl(*found)
+                and roles.methods_that_may_compute_kl(found[1], found[0])
             ):
                 # ``kl_penalty = KLPenalty(args.kl_loss_coef)``, then
                 # ``kl_penalty.per_token_kl(logp, ref, mask)``: a helper object
@@ -1452,13 +1452,6 @@ def _has_methods(cls: ClassInfo) -> bool:
     or ``__call__``: an object called (a reward shaper) is more than a record."""
     return any(
         name == "__call__" or not (name.startswith("__") and name.endswith("__"))
-        for name in cls.methods
-    )
-
-
-def _computes_a_kl(cls: ClassInfo, module: ModuleInfo) -> bool:
-    return any(
-        name != "__init__" and roles.sketch_may_compute_kl(module.sketch, cls.name, name)
         for name in cls.methods
     )
 

@@ -230,7 +230,7 @@ class Interpreter(Calls):
                 frozen.append(statement)
             if self.exec_statement(statement):
                 return True
-            if frozen and isinstance(statement, cst.Try) and _thaws_finally(statement):
+            if frozen and isinstance(statement, cst.Try) and _thawed_models([statement]):
                 self.detach_assigned(frozen)
                 frozen = None
         if on_reference:
@@ -2132,13 +2132,6 @@ def _thawed_models(statements: Sequence[cst.CSTNode]) -> set[str]:
     return found
 
 
-def _thaws_finally(statement: cst.Try) -> bool:
-    return statement.finalbody is not None and any(
-        (switch := _freeze_switch(inner)) is not None and not switch[1]
-        for inner in statement.finalbody.body.body
-    )
-
-
 def _adapter_switch(statement: cst.CSTNode) -> bool | None:
     """``model.set_adapter("ref")`` (or ``cfg.adapters["ref"]``,
     ``args.ref_adapter``): True for a switch to the reference's adapter,
@@ -2380,11 +2373,7 @@ def inherited_hook_callers(
         if not cls.bases:
             continue
         # Only an override that can compute a KL term can change a verdict.
-        overrides = {
-            name
-            for name in cls.methods
-            if name != "__init__" and roles.sketch_may_compute_kl(module.sketch, cls.name, name)
-        }
+        overrides = roles.methods_that_may_compute_kl(module, cls)
         if not overrides:
             continue
         for name, base, where in project.inherited(cls, module):

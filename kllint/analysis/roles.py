@@ -912,6 +912,15 @@ def sketch_may_compute_kl(sketch: Sketch, cls: str | None, name: str) -> bool:
     return _mentions(sketch, (cls, name), set(), sketch.relevance, relevant_identifier)
 
 
+def methods_that_may_compute_kl(module: ModuleInfo, cls: ClassInfo) -> set[str]:
+    """The methods of ``cls`` (not its constructor) that can compute a KL term."""
+    return {
+        name
+        for name in cls.methods
+        if name != "__init__" and sketch_may_compute_kl(module.sketch, cls.name, name)
+    }
+
+
 # What makes a value the reference's: a name with a reference word (a
 # log-prob, a model: ``RolePatterns.role_from_words``, ``is_reference_model``),
 # a bare ``ref``, a context that switches an adapter off; or a KL named as one.
