@@ -273,7 +273,7 @@ def check(
     if fixable and (fix or diff or show_fixes or output_format in ("json", "sarif")):
         from kllint.fix.command import FixMode
 
-        mode = FixMode(fix=fix, unsafe=unsafe_fixes, diff=diff, show=show_fixes)
+        mode = FixMode(fix=fix, unsafe=unsafe_fixes, diff=diff, show=show_fixes, jobs=jobs)
         if mode.run(result, settings, output_format) is not None:
             raise click.exceptions.Exit(mode.exit_code or 0)
 

@@ -78,6 +78,7 @@ def run(
     start: Callable[[], Callable[[Any], Any]],
     on_result: Callable[[int, Any], None],
     on_failure: Callable[[Failure], None],
+    timeout_s: float = FILE_TIMEOUT_S,
 ) -> None:
     """Run ``analyse(task.payload)`` for every task in ``workers`` child
     processes, where ``analyse = start()`` is built once per worker (its
@@ -88,9 +89,9 @@ def run(
     context = multiprocessing.get_context("fork" if sys.platform != "win32" else "spawn")
     queue = deque(tasks)
     queues = [queue] * max(1, min(workers, len(tasks)))  # one queue, shared
-    pool = [_Worker(context, start) for _ in queues]
+    pool = [_Worker(context, start, timeout_s) for _ in queues]
     try:
-        _drive(pool, queues, start, context, on_result, on_failure)
+        _drive(pool, queues, start, context, on_result, on_failure, timeout_s)
     finally:
         for worker in pool:
             worker.stop()
@@ -103,6 +104,7 @@ def _drive(
     context: Any,
     on_result: Callable[[int, Any], None],
     on_failure: Callable[[Failure], None],
+    timeout_s: float,
 ) -> None:
     def next_task(slot: int) -> Task | None:
         return queues[slot].popleft() if queues[slot] else None
@@ -136,7 +138,7 @@ def _drive(
             elif time.monotonic() >= worker.deadline:
                 if not worker.out_of_time():
                     continue
-                failure = f"analysis took longer than {FILE_TIMEOUT_S:g} s"
+                failure = f"analysis took longer than {timeout_s:g} s"
             else:
                 continue
             worker.task = None
@@ -144,7 +146,7 @@ def _drive(
                 if failure is not None and not retry:
                     on_failure(Failure(task.index, failure))
                 worker.stop()
-                pool[slot] = worker = _Worker(context, start)
+                pool[slot] = worker = _Worker(context, start, timeout_s)
             following = task if retry else next_task(slot)
             if following is not None:
                 worker.give(following)
@@ -176,7 +178,10 @@ def _death(exitcode: int | None) -> str:
 
 
 class _Worker:
-    def __init__(self, context: Any, start: Callable[[], Callable[[Any], Any]]) -> None:
+    def __init__(
+        self, context: Any, start: Callable[[], Callable[[Any], Any]], timeout_s: float
+    ) -> None:
+        self.timeout_s = timeout_s
         self.connection, child = context.Pipe()
         self.process = context.Process(target=_serve, args=(child, start, os.getpid()), daemon=True)
         self.process.start()
@@ -190,7 +195,7 @@ class _Worker:
         self.progressed = time.monotonic()
         self.cpu_at_start = _cpu_seconds(self.process.pid)
         self.cpu_seen = self.cpu_at_start or 0.0
-        self.deadline = self.progressed + FILE_TIMEOUT_S
+        self.deadline = self.progressed + self.timeout_s
         with contextlib.suppress(OSError):  # the worker is gone; its sentinel reports it
             self.connection.send(task.payload)
 
@@ -204,9 +209,9 @@ class _Worker:
         if cpu >= self.cpu_seen + 0.05:  # more than the parent-watch thread's ticks
             self.cpu_seen, self.progressed = cpu, now
         used = cpu - self.cpu_at_start
-        if used >= FILE_TIMEOUT_S or now - self.progressed >= FILE_TIMEOUT_S:
+        if used >= self.timeout_s or now - self.progressed >= self.timeout_s:
             return True
-        self.deadline = now + min(max(0.2, FILE_TIMEOUT_S - used), FILE_TIMEOUT_S / 4)
+        self.deadline = now + min(max(0.2, self.timeout_s - used), self.timeout_s / 4)
         return False
 
     def stop(self) -> None:

@@ -289,3 +289,48 @@ def test_a_read_only_folder_is_an_error_not_a_traceback() -> None:
     assert result.exit_code == 2
     assert "cannot write a fixed file" in result.output
     assert path.read_text() == K3_LOSS
+
+
+def test_files_fixed_in_workers_get_the_fixes_of_one_process() -> None:
+    # Each file's rewrites are verified in a worker process; the findings the
+    # report shows are the parent's, with the fix (or the reason) attached.
+    from kllint.config import load_settings
+    from kllint.engine import lint_paths
+    from kllint.fix import fix_result
+
+    for i in range(3):
+        write(f"grpo_{i}.py", K3_LOSS)
+    write("reinforce.py", K3_REWARD)
+    settings = load_settings([Path(".")])
+    runs = []
+    for jobs in (1, 2):
+        result = lint_paths(["."], settings, jobs=1)
+        fixes = fix_result(result, settings, jobs=jobs)
+        fixed = {id(f) for ff in fixes for a in ff.applied for f in a.findings}
+        assert fixed <= {id(f) for f in result.findings}
+        runs.append(
+            (
+                [(ff.path, ff.new, len(ff.applied)) for ff in fixes],
+                [(f.path, f.line, f.fix, f.facts.get("fix_unavailable")) for f in result.findings],
+            )
+        )
+    assert runs[0] == runs[1]
+    assert [new == K3_FIXED for _, new, _ in runs[0][0]] == [True, True, True, False]
+
+
+def test_a_fixer_crash_in_a_worker_is_one_line_and_nothing_is_written(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from kllint.fix import run
+
+    def broken(*args: object) -> None:
+        raise KeyError("plan")
+
+    monkeypatch.setattr(run, "_fix_file", broken)
+    for i in range(2):
+        write(f"grpo_{i}.py", K3_LOSS)
+    result = kllint("--fix", "--jobs", "2", ".")
+    assert result.exit_code == 2
+    assert "fixing failed: RuntimeError: grpo_" in result.output
+    assert "Traceback" not in result.output
+    assert Path("grpo_0.py").read_text() == K3_LOSS

@@ -20,6 +20,7 @@ class FixMode:
     unsafe: bool
     diff: bool
     show: bool
+    jobs: int | None = None
     exit_code: int | None = None
 
     def run(self, result: LintResult, settings: Settings, output_format: str) -> int | None:
@@ -27,7 +28,7 @@ class FixMode:
         return the exit code (the findings are not reported); with ``--fix``
         write the files and leave in ``result`` only what remains."""
         try:
-            fixes = fixer.fix_result(result, settings, unsafe=self.unsafe)
+            fixes = fixer.fix_result(result, settings, unsafe=self.unsafe, jobs=self.jobs)
         except Exception as err:  # a bug in the fixer: nothing is written
             problem = f"fixing failed: {type(err).__name__}: {err} (a bug in kllint)"
             if not (self.fix or self.diff):  # the findings are still worth reporting

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -30,6 +31,18 @@ from kllint.fix.scope import Scope
 from kllint.notebook import is_notebook
 
 USE_SITES = 3  # reads of an estimate's variable tried as places for the rewrite
+# CPU seconds to plan and verify the fixes of one file in a worker: each
+# candidate rewrite is re-analysed and run through the harness.
+FILE_BUDGET_S = 120.0
+
+
+@dataclass
+class Applied:
+    """A fix the file's new text holds, and the findings it resolves."""
+
+    findings: list[Finding]
+    applicability: Applicability
+    message: str
 
 
 @dataclass
@@ -37,8 +50,7 @@ class FileFixes:
     path: str  # as displayed
     old: str
     new: str  # the text --fix writes (== old when nothing applies)
-    applied: list[Plan] = field(default_factory=list)
-    refused: dict[int, str] = field(default_factory=dict)  # id(finding) -> why no fix
+    applied: list[Applied] = field(default_factory=list)
 
     @property
     def changed(self) -> bool:
@@ -49,21 +61,112 @@ class FileFixes:
 
 
 def fix_result(
-    result: LintResult, settings: Settings, *, unsafe: bool = False, numeric: bool | None = None
+    result: LintResult,
+    settings: Settings,
+    *,
+    unsafe: bool = False,
+    numeric: bool | None = None,
+    jobs: int | None = None,
 ) -> list[FileFixes]:
     """Attach a verified ``fix`` (or the reason there is none) to each finding
     of ``result`` and compute, per file, the text ``--fix`` would write
-    (safe fixes, and unsafe ones with ``unsafe``). Nothing is written here."""
+    (safe fixes, and unsafe ones with ``unsafe``). Nothing is written here.
+
+    Files are fixed in ``jobs`` worker processes (default: one per usable
+    CPU): each rewrite is verified by analysing it again, which costs about
+    as much as linting the file, once per candidate."""
     if numeric is None:
         numeric = verify.torch_available()
-    reader = adapter.Reader(settings)
     by_path: dict[str, list[Finding]] = {}
     for finding in result.findings:
         by_path.setdefault(finding.path, []).append(finding)
-    return [
-        _fix_file(path, findings, reader, unsafe, numeric)
-        for path, findings in sorted(by_path.items())
-    ]
+    files = sorted(by_path.items())
+    from kllint import workers  # multiprocessing: imported only when there is work
+
+    count = min(jobs or workers.usable_cpus(), workers.usable_cpus(), len(files))
+    if count <= 1:
+        reader = adapter.Reader(settings)
+        return [_fix_file(path, findings, reader, unsafe, numeric) for path, findings in files]
+    if numeric:
+        # Once here rather than in every worker (and before the workers'
+        # memory caps, which count the address space torch maps).
+        with contextlib.suppress(ImportError):  # a broken torch: the workers find out too
+            import kllint.fix.numeric  # noqa: F401
+    return _fix_in_workers(files, settings, unsafe, numeric, count)
+
+
+@dataclass
+class _Shipped:
+    """What a worker sends back for one file: its findings by position in
+    the file's list (findings stay in the parent, where reports use them)."""
+
+    new: str
+    applied: list[tuple[list[int], Applicability, str]]
+    fixes: list[tuple[dict[str, Any] | None, str | None]]  # (fix, why none)
+    crash: str | None = None
+
+
+def _fix_in_workers(
+    files: list[tuple[str, list[Finding]]],
+    settings: Settings,
+    unsafe: bool,
+    numeric: bool,
+    count: int,
+) -> list[FileFixes]:
+    from kllint import workers
+
+    def start() -> Callable[[int], _Shipped]:
+        reader = adapter.Reader(settings)
+
+        def fix(index: int) -> _Shipped:
+            path, findings = files[index]
+            try:
+                out = _fix_file(path, findings, reader, unsafe, numeric)
+            except Exception as err:  # a bug in the fixer: reported by the parent
+                return _Shipped("", [], [], crash=f"{type(err).__name__}: {err}")
+            position = {id(f): i for i, f in enumerate(findings)}
+            return _Shipped(
+                out.new,
+                [
+                    ([position[id(f)] for f in a.findings], a.applicability, a.message)
+                    for a in out.applied
+                ],
+                [(f.fix, f.facts.get("fix_unavailable")) for f in findings],
+            )
+
+        return fix
+
+    done: dict[int, FileFixes] = {}
+    crashes: list[str] = []
+
+    def received(index: int, shipped: _Shipped) -> None:
+        path, findings = files[index]
+        if shipped.crash is not None:
+            crashes.append(f"{path}: {shipped.crash}")
+            return
+        source = Path(path).read_bytes().decode("utf-8-sig")
+        out = done[index] = FileFixes(path, source, shipped.new)
+        for finding, (fix, reason) in zip(findings, shipped.fixes):
+            finding.fix = fix
+            if reason is not None:
+                finding.facts["fix_unavailable"] = reason
+        for positions, applicability, message in shipped.applied:
+            out.applied.append(Applied([findings[i] for i in positions], applicability, message))
+
+    def failed(failure: workers.Failure) -> None:
+        path, findings = files[failure.index]
+        source = Path(path).read_bytes().decode("utf-8-sig")
+        done[failure.index] = FileFixes(path, source, source)
+        for finding in findings:
+            _refuse(finding, f"fixing this file failed: {failure.reason}")
+
+    # Most findings first: the longest verifications start early.
+    order = sorted(range(len(files)), key=lambda i: -len(files[i][1]))
+    tasks = [workers.Task(i, i) for i in order]
+    workers.run(tasks, count, start, received, failed, timeout_s=FILE_BUDGET_S)
+    if crashes:
+        raise RuntimeError(crashes[0])
+    return [done[i] for i in range(len(files))]
 
 
 def write(fixes: list[FileFixes]) -> None:
@@ -85,13 +188,13 @@ def _fix_file(
     out = FileFixes(path, source, source)
     if is_notebook(path):
         for finding in findings:
-            _refuse(finding, out, "kllint does not rewrite notebook cells yet")
+            _refuse(finding, "kllint does not rewrite notebook cells yet")
         return out
     try:
         analysis = reader.analyse(source, path)
     except (cst.ParserSyntaxError, OSError) as err:
         for finding in findings:
-            _refuse(finding, out, f"the file could not be re-read: {err}")
+            _refuse(finding, f"the file could not be re-read: {err}")
         return out
     # The lint run already applied noqa and per-file ignores: fix only what it reported.
     mine = {(f.code, f.line, f.column): f for f in analysis.findings}
@@ -100,7 +203,7 @@ def _fix_file(
         twin = mine.get((finding.code, finding.line, finding.column))
         t = adapter.target(twin) if twin is not None else None
         if t is None:
-            _refuse(finding, out, "the finding carries no KL site to rewrite")
+            _refuse(finding, "the finding carries no KL site to rewrite")
             continue
         targets.append(t)
     scope = Scope(analysis.module, analysis.places)
@@ -149,7 +252,7 @@ def _fix_file(
             if first.score_function and reason != NO_FIX.get(first.finding.code):
                 reason = f"{SCORE_FUNCTION} ({reason})"
             for finding in originals:
-                _refuse(finding, out, reason or "no rewrite passed the checks")
+                _refuse(finding, reason or "no rewrite passed the checks")
             continue
         fix: dict[str, Any] = {
             "applicability": chosen_plan.applicability.value,
@@ -175,15 +278,15 @@ def _fix_file(
         outcome = verify.check_module(path, together, chosen, analysis.findings, reader, replan)
         if outcome.problem is None:
             out.new = together
-            out.applied = chosen
-            for p in chosen:  # the plans hold the twins; report on the run's own findings
-                p.findings = [reported[id(f)] for f in p.findings]
+            # The plans hold the twins; report on the run's own findings.
+            out.applied = [
+                Applied([reported[id(f)] for f in p.findings], p.applicability, p.message)
+                for p in chosen
+            ]
         else:
             for p in chosen:
                 for f in p.findings:
-                    _refuse(
-                        reported[id(f)], out, f"fixes of this file interfere: {outcome.problem}"
-                    )
+                    _refuse(reported[id(f)], f"fixes of this file interfere: {outcome.problem}")
     return out
 
 
@@ -293,7 +396,6 @@ def _verified(
     return attempt, e, outcome
 
 
-def _refuse(finding: Finding, out: FileFixes, reason: str) -> None:
+def _refuse(finding: Finding, reason: str) -> None:
     finding.fix = None
     finding.facts["fix_unavailable"] = reason
-    out.refused[id(finding)] = reason
