@@ -78,7 +78,7 @@ def run(
     start: Callable[[], Callable[[Any], Any]],
     on_result: Callable[[int, Any], None],
     on_failure: Callable[[Failure], None],
-    timeout_s: float = FILE_TIMEOUT_S,
+    timeout_s: float | None = None,
 ) -> None:
     """Run ``analyse(task.payload)`` for every task in ``workers`` child
     processes, where ``analyse = start()`` is built once per worker (its
@@ -86,6 +86,7 @@ def run(
 
     Tasks are handed out in the order given, each to the next worker free:
     given the largest files first, the workers finish together."""
+    timeout_s = FILE_TIMEOUT_S if timeout_s is None else timeout_s
     context = multiprocessing.get_context("fork" if sys.platform != "win32" else "spawn")
     queue = deque(tasks)
     queues = [queue] * max(1, min(workers, len(tasks)))  # one queue, shared
