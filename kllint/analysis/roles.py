@@ -23,7 +23,7 @@ import libcst as cst
 from kllint.analysis import ir
 from kllint.analysis.ir import Level, Role
 from kllint.analysis.module import ClassInfo, FunctionKey, ModuleInfo, Sketch
-from kllint.analysis.policy_words import OLD_WORDS, REFERENCE_WORDS
+from kllint.analysis.policy_words import OLD_WORDS, REFERENCE_WORDS, names_a_guard
 from kllint.analysis.values import (
     Choice,
     DictVal,
@@ -363,7 +363,7 @@ def weight_role(name: str) -> Role | None:
         return Role.MASK
     if has_words(name, ADVANTAGE_WORDS) or has_words(name, REWARD_MODEL_WORDS):
         return Role.ADVANTAGE
-    if has_words(name, COEFFICIENT_WORDS) or name.isupper():
+    if has_words(name, COEFFICIENT_WORDS) or names_a_guard(name) or name.isupper():
         return Role.COEFFICIENT
     if has_words(name, _MAX_WORDS) and has_words(name, _LENGTH_WORDS):
         # ``args.max_response_len``: a fixed length budget (a loss normalised
@@ -539,6 +539,9 @@ def _logprob_evidence(
     if _loads_a_model(unknown):
         # ``pi_ref = AutoModelForCausalLM.from_pretrained(...)``: a model named
         # like its policy, whose outputs are log-probs or logits, not a tensor.
+        return None, name, False
+    if names_a_guard(target or _last_name(unknown)):
+        # ``args.prob_eps``: the number that keeps ``log(p + eps)`` finite.
         return None, name, False
     # ``pi = Categorical(logits=...)``, ``log_softmax(pi_ref(ids).logits)``: what
     # was computed are log-probs, whatever the names say.
