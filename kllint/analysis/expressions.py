@@ -588,11 +588,8 @@ class Expressions(Frame):
                 # ``--kl-bonus-coef`` defaulting to -0.02 ("negative = penalty"):
                 # a coefficient's sign is its default's, whatever its size.
                 return ir.neg(ir.Atom(Role.COEFFICIENT, code(expr)))
-            if (
-                default is None
-                and not base.call
-                and base.module is None
-                and selectors.number_setting(
+            number = (
+                selectors.number_setting(
                     self.context.project,
                     self.module,
                     self.function_node,
@@ -600,8 +597,11 @@ class Expressions(Frame):
                     base.names,
                     attr,
                 )
-            ):
-                return ir.Atom(Role.COEFFICIENT, code(expr))
+                if default is None and not base.call and base.module is None
+                else None
+            )
+            if number is not None:
+                return ir.Atom(Role.COEFFICIENT, code(expr), default=number)
             return default if default is not None else unknown
         if isinstance(base, (FuncRef, Py)):
             return Unknown(code(expr), (attr,))
@@ -1085,6 +1085,7 @@ class Expressions(Frame):
             result: bool | None = True
             for target in expr.comparisons:
                 right = self.eval(target.comparator)
+                left, right = _mode_defaults(target.operator, left, right)
                 outcome = compare(target.operator, left, right)
                 if outcome is None:
                     return None
@@ -1444,6 +1445,32 @@ def _init_locals(
         elif name in wanted:
             ordered.append(name)
     return [(name, assigned[name][0]) for name in ordered]
+
+
+def _mode_defaults(operator: cst.BaseCompOp, left: Value, right: Value) -> tuple[Value, Value]:
+    """``beta == 1`` with ``beta: float = 1.0`` in the config class: a number
+    compared for equality with another that is not zero picks a mode (GKD's
+    ``beta`` of 0, 1 or a mix), like a string selector, so its default
+    decides. Against zero it switches a term off (``if self.beta != 0.0``),
+    and ordered it is a threshold: a default there must not hide the term
+    users turn on, so those stay open."""
+    if not isinstance(operator, (cst.Equal, cst.NotEqual)):
+        return left, right
+
+    def nonzero(v: Value) -> bool:
+        number = v.value if isinstance(v, (Py, ir.Const)) else None
+        return isinstance(number, (int, float)) and not isinstance(number, bool) and number != 0
+
+    def default(v: Value) -> Value:
+        if isinstance(v, ir.Atom) and v.role is Role.COEFFICIENT and v.default is not None:
+            return Py(v.default[0], source=v.default[1])
+        return v
+
+    if nonzero(right):
+        return default(left), right
+    if nonzero(left):
+        return left, default(right)
+    return left, right
 
 
 def compare(operator: cst.BaseCompOp, left: Value, right: Value) -> bool | None:

@@ -132,6 +132,10 @@ class Atom(Node):
     # Evidence that it is per token of a sequence (computed from logits cut
     # along time), whatever its name says.
     per_token: bool = field(default=False, compare=False)
+    # A coefficient's configured default and where it is given (``beta: float
+    # = 1.0`` in a config class): read only by a comparison that picks a mode
+    # (``if beta == 1``); as a factor it stays a coefficient of any value.
+    default: tuple[float, str] | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, eq=False)

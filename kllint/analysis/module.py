@@ -72,6 +72,8 @@ class ClassField:
     # ``kl_fn = staticmethod(low_var_kl)``, ``kl_fn = low_var_kl``, a lambda:
     # may hold a function an object calls as ``self.kl_fn(...)``.
     function_like: bool = False
+    # ``beta: float = 1.0``: the number, for a comparison that picks a mode.
+    number: float | None = None
 
 
 class ClassInfo:
@@ -161,6 +163,14 @@ def _ast_fields(text: str) -> list[ClassField]:
             value = value.operand
         return isinstance(value, ast.Constant) and type(value.value) is float
 
+    def number(value: ast.expr | None) -> float | None:
+        sign = 1.0
+        if isinstance(value, ast.UnaryOp) and isinstance(value.op, ast.USub):
+            value, sign = value.operand, -1.0
+        if isinstance(value, ast.Constant) and type(value.value) in (int, float):
+            return sign * float(value.value)  # type: ignore[arg-type]
+        return None
+
     def member(value: ast.expr | None) -> tuple[str, str] | None:
         if (
             isinstance(value, ast.Attribute)
@@ -197,6 +207,7 @@ def _ast_fields(text: str) -> list[ClassField]:
                     isinstance(value, ast.Constant) and type(value.value) is int,
                     flag(value),
                     nested,
+                    number=number(value),
                 )
             )
         elif (

@@ -616,19 +616,29 @@ def number_setting(
     cls: ClassInfo | None,
     names: tuple[str, ...],
     attr: str,
-) -> bool:
+) -> tuple[float, str] | None:
     """``loss_config.kl_tau`` where ``loss_config: LossConfig`` gives
     ``kl_tau: float = 0.05``: a number the run is configured with, so a
     constant of the loss (a coefficient), not a path for its gradient. So is
     an int that chooses nothing (``micro_batch: int = 4``, not
-    ``kl_estimator: Literal[0, 1, 2] = 2``)."""
+    ``kl_estimator: Literal[0, 1, 2] = 2``). Returns the default and where
+    it is given; None when the setting is no such number."""
     found = _config_class(project, module, function, cls, names)
-    return found is not None and any(
-        f.name == attr
-        and f.annotated
-        and (f.float_default or (f.int_default and not f.choices and not names_a_selector(attr)))
-        for f in found[0].fields
-    )
+    if found is None:
+        return None
+    config_class, where = found
+    for f in config_class.fields:
+        if (
+            f.name == attr
+            and f.annotated
+            and f.number is not None
+            and (
+                f.float_default or (f.int_default and not f.choices and not names_a_selector(attr))
+            )
+        ):
+            line = where.line_of_class(config_class.name)
+            return f.number, f"`{config_class.name}` ({where.path.name}:{line})"
+    return None
 
 
 def _config_class(
