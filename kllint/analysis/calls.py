@@ -845,6 +845,9 @@ class Calls(Expressions):
     ) -> Value:
         """A method of a value kllint cannot compute: a tensor method once its
         role is known, else evidence kept on the unknown result."""
+        by_hand = lowering.normaliser_by_hand(method, receiver, code(call))
+        if by_hand is not None:
+            return by_hand
         if (
             method in TENSOR_IDENTITY
             or method in UNARY
@@ -1055,6 +1058,10 @@ class Calls(Expressions):
                 else v
                 for v in arg_values
             ]
+        if arg_values and isinstance(arg_values[0], Unknown):
+            by_hand = lowering.normaliser_by_hand(name, arg_values[0], code(call))
+            if by_hand is not None:
+                return by_hand
         if name in LOGPROB_OPS or name in ("log_softmax", "softmax"):
             first = arg_values[0] if arg_values else None
             return self.logprob_call(

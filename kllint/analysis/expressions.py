@@ -135,7 +135,19 @@ class Expressions(Frame):
             ):
                 # ``teacher_logits / temperature``: still the teacher's logits.
                 return replace(left, text=code(expr))
+        shifted = lowering.shifted_logits(op, left, right, code(expr))
+        if shifted is not None:
+            return shifted
         log_prob = lowering.normalised_gather(op, left, right, _gathers_tokens(expr.left))
+        if isinstance(log_prob, Unknown):
+            # ``ref_logits - log_z``: the log-probs of the logits named, as for
+            # ``torch.logsumexp`` above.
+            patterns = self.context.role_patterns
+            return replace(
+                log_prob,
+                reference_model=log_prob.reference_model
+                or any(patterns.role_from_words(n) is Role.REFERENCE_LOGP for n in log_prob.names),
+            )
         if log_prob is not None:
             return log_prob
         return self.binary(op, left, right, expr)
@@ -569,6 +581,10 @@ class Expressions(Frame):
             return base if attr == "value" else Py(None)
         if isinstance(base, Unknown) and attr == "shape" and base.module is None:
             return ir.Atom(Role.COEFFICIENT, code(expr))
+        if isinstance(base, Unknown) and attr == "values" and base.names[-1:] in _SELECTIONS:
+            # ``logits.max(-1).values``: the selected entries of the tensor, not
+            # a critic's values.
+            return replace(base, text=code(expr))
         if isinstance(base, Unknown):
             unknown = replace(
                 base,
@@ -1206,6 +1222,8 @@ def _boundary_difference(expr: cst.BinaryOperation) -> bool:
 
 
 _SEGMENT_ENDS = frozenset({"end", "ends", "stop", "stops"})
+# Reductions that return ``(values, indices)``.
+_SELECTIONS = frozenset((n,) for n in ("max", "min", "topk", "sort", "kthvalue", "median", "mode"))
 
 
 def _running_sum(value: Value) -> ir.CumSum | None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 
 import libcst as cst
 
-from kllint.analysis import ir
+from kllint.analysis import ir, roles
 from kllint.analysis.ir import Axis, Role
 from kllint.analysis.module import dotted_name
 from kllint.analysis.syntax import code, int_literal
@@ -451,7 +451,9 @@ def _reduce(name: str) -> MethodLowering:
             # A group baseline (``rewards.view(-1, n).mean(dim=1)``): over samples.
             return ir.Reduce(kind, Axis.BATCH, receiver.node, origin=origin)
         if reduced is Axis.TIME and has_distribution(receiver):
-            return at.lift1(receiver, lambda n: vocabulary_expectation(kind, n, origin))
+            return at.lift1(
+                receiver, lambda n: vocabulary_expectation(kind, n, _written_at(n, origin))
+            )
         if isinstance(receiver, Flipped):
             receiver = receiver.node if reduced is not Axis.BATCH else receiver
         return at.lift1(receiver, lambda n: ir.Reduce(kind, reduced, n, origin=origin))
@@ -617,6 +619,38 @@ def _opaque(name: str) -> MethodLowering:
 def _size(at: TorchCall, receiver: Value, args: Args, kwargs: Kwargs) -> Value:
     # Sizes are positive constants: a normaliser, not a gradient path.
     return ir.Atom(Role.COEFFICIENT, at.code)
+
+
+def shifted_logits(op: str, left: Value, right: Value, text: str) -> Unknown | None:
+    """``logits - logits.max(-1, keepdim=True).values``: the same logits for a
+    softmax, which no shift of a position's logits changes (the max is taken
+    for numerical safety before the exps of a log-softmax written by hand)."""
+    if not (
+        op == "sub"
+        and isinstance(left, Unknown)
+        and isinstance(right, Unknown)
+        and not left.logprob_op
+        and any(roles.names_logits(n) for n in left.names)
+        and ("max" in right.names or "amax" in right.names)
+        and set(left.names) <= set(right.names)
+    ):
+        return None
+    return replace(left, text=text)
+
+
+def normaliser_by_hand(op: str, value: Unknown, text: str) -> Unknown | None:
+    """``z.exp().sum(-1, keepdim=True).log()`` of logits ``z``: their log Z
+    written out (a vocab-parallel log-softmax sums each shard's exps across
+    ranks before the log), so that ``z - log_z`` is the log-softmax as
+    ``z - torch.logsumexp(z, -1)`` is. Each step keeps the logits' names."""
+    head, rest = (value.names[0], value.names[1:]) if value.names else ("", ())
+    if op == "exp" and not value.logprob_op and any(roles.names_logits(n) for n in value.names):
+        return replace(value, text=text, names=("exp of logits", *value.names), call=True)
+    if op == "sum" and head == "exp of logits":
+        return replace(value, text=text, names=("sum of exp of logits", *rest))
+    if op == "log" and head == "sum of exp of logits":
+        return replace(value, text=text, names=("logsumexp", *rest), logprob_op=True)
+    return None
 
 
 def normalised_gather(op: str, left: Value, right: Value, picked: bool = True) -> Value | None:
@@ -1164,6 +1198,14 @@ def _tensor(at: TorchCall, args: Args, kwargs: Kwargs) -> Value | None:
         data = data.items[0]
     if isinstance(data, ir.Node):
         return ir.detach(data, at.origin)
+    if (
+        isinstance(data, Seq)
+        and not data.appended
+        and any(isinstance(item, ir.Node) for item in data.items)
+    ):
+        # ``torch.tensor([kl.sum().item(), n])`` packed for an all-reduce: each
+        # entry copied out of the graph, read back as ``stats[0]``.
+        return Seq([ir.detach(i, at.origin) if isinstance(i, ir.Node) else i for i in data.items])
     return Unknown("torch.tensor(...)", ("tensor",), call=True, detached=True)
 
 
@@ -1341,6 +1383,25 @@ def _common_weight_factored(node: ir.Node) -> ir.Node:
     return node
 
 
+def _written_at(integrand: ir.Node, summed: ir.Origin) -> ir.Origin:
+    """Where a divergence summed over the vocabulary is written: the call
+    ``F.kl_div(..., reduction="none")`` that names it (in one branch of a
+    selector, summed after the branches), when it is in the same function;
+    else the sum, which completes a divergence written out by hand."""
+    written = integrand.origin
+    if (
+        written is None
+        or written.path != summed.path
+        or written.function is not summed.function
+        or not (
+            isinstance(written.cst_node, cst.Call)
+            and (dotted_name(written.cst_node.func) or "").endswith("kl_div")
+        )
+    ):
+        return summed
+    return written
+
+
 def vocabulary_expectation(kind: str, node: ir.Node, origin: ir.Origin) -> ir.Node:
     """``sum_v p_v (log p_v - log q_v)`` at each position: an exact divergence
     between next-token distributions. It has no per-sample form in the IR, so
@@ -1412,6 +1473,12 @@ def vocabulary_expectation(kind: str, node: ir.Node, origin: ir.Origin) -> ir.No
                 )
                 return ir.Binary("add", score, weight, origin=origin)
             if roles_of == ({Role.REFERENCE_LOGP}, {Role.POLICY_LOGP}):
+                if not ir.depends_on_policy(node):
+                    # The policy's log-probs were detached (gathered under
+                    # no_grad for a metric): whichever direction the code
+                    # chose, no gradient reaches the policy (KL005).
+                    origin.estimate = "exact KL(pi_ref||pi) over the vocabulary at each position"
+                    return ir.detach(log_ratio, origin)
                 return ir.Opaque(_REFERENCE_WEIGHTED)
     return ir.Opaque("a sum over the vocabulary")
 

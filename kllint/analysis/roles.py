@@ -673,6 +673,11 @@ def name_logprob(name: str, value: Value, patterns: RolePatterns, *, no_grad: bo
         for n in nodes
         if isinstance(n, ir.Node) and any(n.has_role(r) for r in (Role.POLICY_LOGP, Role.OLD_LOGP))
     ]
+    if any(isinstance(part, ir.CumSum) for n in logprob_nodes for part in n.walk()):
+        # ``cum_logps = logps.cumsum(-1)``: the log-prob of each prefix, which
+        # a DiCE box ``exp(cum - sg(cum))`` credits with every earlier token.
+        # A per-token atom by that name would drop the running sum.
+        return value
     detached = bool(logprob_nodes) and not any(ir.depends_on_policy(n) for n in logprob_nodes)
     # What was computed keeps its evidence of a time axis under its new name
     # (``lp`` for each row of a helper's per-token ``logits[0, a:b]`` log-probs).
