@@ -334,3 +334,33 @@ def test_a_fixer_crash_in_a_worker_is_one_line_and_nothing_is_written(
     assert "fixing failed: RuntimeError: grpo_" in result.output
     assert "Traceback" not in result.output
     assert Path("grpo_0.py").read_text() == K3_LOSS
+
+
+# k1 written on probabilities: the surrogate takes their logs itself.
+PROBABILITY_K1 = """\
+import torch
+
+
+def loss_fn(logits, ref_logits, ids, mask, beta=0.1):
+    probs = torch.softmax(logits, -1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+    with torch.no_grad():
+        ref_probs = torch.softmax(ref_logits, -1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+    kl = torch.log(probs / ref_probs)
+    return beta * (kl * mask).sum(-1).mean()
+
+
+def step(model, ref_model, ids, mask):
+    loss = loss_fn(model(ids).logits, ref_model(ids).logits, ids, mask)
+    loss.backward()
+"""
+
+
+def test_a_log_ratio_of_probabilities_is_fixed_with_their_logs() -> None:
+    path = write("probs.py", PROBABILITY_K1)
+    result = kllint("--fix", "probs.py")
+    assert result.exit_code == 0, result.output
+    assert path.read_text() == PROBABILITY_K1.replace(
+        "    kl = torch.log(probs / ref_probs)\n",
+        "    kl = torch.log(probs / ref_probs).detach() + ((probs.log() - ref_probs.log()).detach()"
+        " * mask).flip(-1).cumsum(-1).flip(-1) * (probs.log() - probs.log().detach())\n",
+    )

@@ -17,6 +17,7 @@ from kllint.analysis import ir
 from kllint.analysis.gradient import Credit, Direction
 from kllint.analysis.ir import Level, Role
 from kllint.analysis.project import PackageScans, Project
+from kllint.analysis.roles import is_logprob_name, is_prob_name
 from kllint.analysis.sites import KLSite
 from kllint.config import Settings
 from kllint.driver import Place, Places, analyse_file
@@ -99,8 +100,8 @@ def target(finding: Finding) -> Target | None:
         finding=finding,
         node=node if isinstance(node, cst.CSTNode) else None,
         term=site.term,
-        policy=tuple(_names(site.focus, Role.POLICY_LOGP)),
-        reference=tuple(_names(site.focus, Role.REFERENCE_LOGP)),
+        policy=tuple(_log_prob_spellings(site.focus, Role.POLICY_LOGP)),
+        reference=tuple(_log_prob_spellings(site.focus, Role.REFERENCE_LOGP)),
         behaviour=tuple(_names(site.focus, Role.OLD_LOGP)),
         mask=_mask(site.term),
         per_token=site.has_time_axis
@@ -161,6 +162,30 @@ def _rewritten(site: KLSite) -> RewrittenSite:
 
 
 _LOGPROBS = (Role.POLICY_LOGP, Role.REFERENCE_LOGP, Role.OLD_LOGP)
+
+
+def _log_prob_spellings(node: ir.Node, role: Role) -> list[str]:
+    """The log-probs the rewrite reads: each name, or ``name.log()`` for a
+    value the code holds as probabilities (``torch.log(p / p_ref)``, where
+    the analysis reads ``p`` as the exp of a log-prob)."""
+
+    def undetached(n: ir.Node) -> ir.Node:
+        return undetached(n.arg) if isinstance(n, ir.Unary) and n.op == "detach" else n
+
+    inside_exp = {
+        id(undetached(n.arg)) for n in node.walk() if isinstance(n, ir.Unary) and n.op == "exp"
+    }
+    probabilities = {a.name for a in node.atoms() if a.role is role and id(a) in inside_exp}
+    plain = {a.name for a in node.atoms() if a.role is role and id(a) not in inside_exp}
+    # The atom is named by the variable it was read from: ``student_probs``
+    # holds probabilities, ``teacher_logprobs`` (exp'd into probabilities
+    # further on) log-probs already.
+    return [
+        f"{name}.log()"
+        if name in probabilities - plain and is_prob_name(name) and not is_logprob_name(name)
+        else name
+        for name in _names(node, role)
+    ]
 
 
 def _names(node: ir.Node, role: Role) -> list[str]:
