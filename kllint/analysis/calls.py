@@ -351,6 +351,10 @@ class Calls(Expressions):
                     call,
                     evaluated=passed,
                 )
+        if method == "select" and full_code(func.value).rpartition(".")[2] == "OmegaConf":
+            selected = self.omegaconf_select(call, args)
+            if selected is not None:
+                return selected
         receiver = self.eval(func.value)
         if isinstance(receiver, Instance) or (
             isinstance(receiver, Unknown) and receiver.names == ("self",) and self.cls is not None
@@ -834,6 +838,32 @@ class Calls(Expressions):
             self.env[name] = Unknown(name, (name,))
             return True
         return False
+
+    def omegaconf_select(self, call: cst.Call, args: list[cst.Arg]) -> Py | ir.Atom | None:
+        """``OmegaConf.select(cfg, "actor.kl_loss_type", default="low_var_kl")``:
+        ``cfg.get`` of a dotted key: the package's default for the setting,
+        else the fallback given (a selector's literal)."""
+        if len(args) < 2:
+            return None
+        config, path = self.eval(args[0].value), _string_key(args[1:2])
+        if not isinstance(config, Unknown) or path is None:
+            return None
+        *sections, key = path.split(".")
+        setting = self.setting_default(replace(config, names=(*config.names, *sections)), key)
+        if setting is not None:
+            return setting
+        fallback = next(
+            (a.value for a in args[2:] if a.keyword is not None and a.keyword.value == "default"),
+            None,
+        )
+        given = self.eval(fallback) if fallback is not None else None
+        if isinstance(given, Py) and isinstance(given.value, str):
+            return Py(given.value, source=f"`{path}` unset in the config")
+        if isinstance(given, (Py, ir.Const)) and not isinstance(given.value, (bool, str)):
+            # ``default=0.0`` for ``actor.kl_loss_coef``: a coefficient of the
+            # run, of any value (a fallback of 0 must not switch the term off).
+            return ir.Atom(Role.COEFFICIENT, code(call))
+        return None
 
     def unknown_method(
         self,

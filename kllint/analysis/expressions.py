@@ -616,6 +616,10 @@ class Expressions(Frame):
                 if default is None and not base.call and base.module is None
                 else None
             )
+            if number is None and default is None and roles.weight_role(attr) is Role.COEFFICIENT:
+                # ``shaping.length_penalty_weight`` of a settings object kllint
+                # cannot type: the package's one number for it, if it has one.
+                number = self.package_number(attr)
             if number is not None:
                 return ir.Atom(Role.COEFFICIENT, code(expr), default=number)
             return default if default is not None else unknown
@@ -696,6 +700,20 @@ class Expressions(Frame):
         if all(n < 0 for n in numbers):
             return ir.neg(weight)
         return weight if all(n > 0 for n in numbers) else None
+
+    def package_number(self, attr: str) -> tuple[float, str] | None:
+        """The one number the package's settings give ``attr`` (a YAML value
+        before a class's default), and where."""
+        defaults = self.context.project.config_defaults(self.context.fs_path, attr)
+        defaults = [d for d in defaults if d.kind == "yaml"] or defaults
+        numbers = {
+            float(d.value): d.source
+            for d in defaults
+            if isinstance(d.value, (int, float)) and not isinstance(d.value, bool)
+        }
+        if len(numbers) != 1 or len(numbers) != len({repr(d.value) for d in defaults}):
+            return None
+        return next(iter(numbers.items()))
 
     def negative_coefficient(self, attr: str) -> bool:
         """A setting named like a coefficient whose every default in the
@@ -865,10 +883,16 @@ class Expressions(Frame):
         # ``cfg["kl_penalty"]``, also where ``cfg`` defaults to a settings dict
         # of the module: a run may give any number, so not the default's (a
         # default of 0 would otherwise switch the KL term off for kllint).
-        if (
-            isinstance(assigned[0], cst.Subscript)
-            and (_from_settings(value) or isinstance(value, ir.Const))
-        ) or (_number_setting(assigned[0]) and _from_settings(value, read_with_default=True)):
+        # ``self.algo_cfg = config["algorithm"]`` is a section of the settings,
+        # named as one, not a number.
+        section = bool(set(roles.words(attr)) & selectors.CONFIG_WORDS)
+        if not section and (
+            (
+                isinstance(assigned[0], cst.Subscript)
+                and (_from_settings(value) or isinstance(value, ir.Const))
+            )
+            or (_number_setting(assigned[0]) and _from_settings(value, read_with_default=True))
+        ):
             return ir.Atom(Role.COEFFICIENT, f"self.{attr}")
         if isinstance(value, Unknown) and value.module is not None:
             # ``getattr(kl_estimators, f"kl_{cfg.kl.estimator}")``: a function

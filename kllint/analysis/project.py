@@ -517,9 +517,10 @@ class Project:
         defaults = _PackageDefaults(root)
         if root.is_file():
             defaults.files.append(str(root))
-            self._scan_python(
-                root.read_text(encoding="utf-8", errors="replace"), _relative(root, top), defaults
-            )
+            script = root.read_text(encoding="utf-8", errors="replace")
+            self._scan_python(script, _relative(root, top), defaults)
+            for named in _named_yaml_files(root, script):
+                self._scan_yaml(named, top, defaults)
             return defaults
         for path in _package_files(root, (".py", ".yaml", ".yml")):
             text = self._text(path)
@@ -530,13 +531,14 @@ class Project:
             if path.endswith(".py"):
                 self._scan_python(text, shown, defaults)
             else:
-                line_of = _line_numbers(text)
-                for match in _YAML.finditer(text):
-                    line = line_of(match.start())
-                    defaults.add(
-                        match.group(1), _literal(match.group(2)), f"{shown}:{line}", "yaml"
-                    )
+                _scan_yaml_text(text, shown, defaults)
         return defaults
+
+    def _scan_yaml(self, path: str, top: Path, defaults: _PackageDefaults) -> None:
+        text = self._text(path)
+        if text is not None:
+            defaults.files.append(path)
+            _scan_yaml_text(text, _relative(Path(path), top, real=True), defaults)
 
     @staticmethod
     def _scan_python(text: str, shown: str, defaults: _PackageDefaults) -> None:
@@ -569,6 +571,41 @@ class Project:
 
 
 _LOADS_YAML = re.compile(r"\b(?:OmegaConf\.create|yaml\.(?:safe_)?load)\(")
+# ``Path(__file__).parent / "configs" / "grpo.yaml"``: a file a script names.
+_YAML_NAME = re.compile(r"""["']([\w./-]*?([\w-]+\.ya?ml))["']""")
+_NAMED_YAML_DEPTH = 3
+
+
+def _scan_yaml_text(text: str, shown: str, defaults: _PackageDefaults) -> None:
+    line_of = _line_numbers(text)
+    for match in _YAML.finditer(text):
+        defaults.add(
+            match.group(1), _literal(match.group(2)), f"{shown}:{line_of(match.start())}", "yaml"
+        )
+
+
+def _named_yaml_files(script: Path, text: str) -> list[str]:
+    """The YAML files a script outside a package names (``"configs" /
+    "grpo.yaml"``), found below its directory: its own configuration. Other
+    YAML files beside it may belong to its sibling scripts."""
+    names = {m.group(2) for m in _YAML_NAME.finditer(text)}
+    if not names:
+        return []
+    base = script.resolve().parent
+    found: list[str] = []
+    for dirpath, dirnames, filenames in os.walk(base):
+        depth = len(Path(dirpath).relative_to(base).parts)
+        dirnames[:] = (
+            sorted(d for d in dirnames if d not in _SKIP_DIRS and not d.startswith("."))
+            if depth < _NAMED_YAML_DEPTH
+            else []
+        )
+        found.extend(
+            os.path.join(dirpath, f)
+            for f in sorted(filenames)
+            if f in names and not os.path.islink(os.path.join(dirpath, f))
+        )
+    return found
 
 
 def _scan_inline_yaml(text: str, shown: str, defaults: _PackageDefaults) -> None:

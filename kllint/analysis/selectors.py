@@ -135,7 +135,6 @@ _SETTING_READS = {
     "environ.get": (0, "the environment"),
     "os.getenv": (0, "the environment"),
     "getenv": (0, "the environment"),
-    "OmegaConf.select": (1, "the config"),
 }
 
 
@@ -341,8 +340,13 @@ def config_default(
     defaults = project.config_defaults(fs_path, nested) if "." in nested else []
     defaults = defaults or project.config_defaults(fs_path, attr)
     # ``args.x`` is an argparse namespace; ``config.x`` a config class or YAML.
+    # A YAML file that sets the key is the run's configuration: it overrides
+    # the parser's defaults (``parser.set_defaults(**yaml.safe_load(f))``) as
+    # it overrides a class's.
     from_args = any("args" in roles.words(n) for n in base.names)
-    preferred = [d for d in defaults if (d.kind == "argparse") == from_args]
+    preferred = [d for d in defaults if d.kind == "yaml"] or [
+        d for d in defaults if (d.kind == "argparse") == from_args
+    ]
     defaults = preferred or defaults
     kinds = (str, int) if index else (str,)
     if flags and defaults and all(isinstance(d.value, bool) for d in defaults):

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from kllint.analysis import ir
+from kllint.analysis.ir import Role
 from kllint.findings import Finding
 from kllint.harness import tabular
 from kllint.harness.claims import (
@@ -167,13 +168,25 @@ def _variants(term: ir.Node) -> list[tuple[str, dict[str, Any]]]:
     """``[("", {})]``, or one variant per value of the range for the
     coefficients that enter nonlinearly (all set to the same value)."""
     sizes = batch_size_coefficients(term)
-    names = [n for n in nonlinear_coefficients(term) if n not in sizes]
+    nonlinear = [n for n in nonlinear_coefficients(term) if n not in sizes]
+    # A weight the settings set to 0 for another summand (``length_penalty_weight:
+    # 0.0`` beside the KL reward) is held there: the term the run computes.
+    off = {
+        a.name: 0.0
+        for a in term.atoms()
+        if a.role is Role.COEFFICIENT
+        and a.default is not None
+        and a.default[0] == 0
+        and a.name in nonlinear
+    }
+    names = [n for n in nonlinear if n not in off]
+    held = "".join(f",{n}=0 (its default)" for n in off)
     if not names:
-        return [("", {})]
+        return [(held[1:], {"coefficients": off})] if off else [("", {})]
     return [
         (
-            ",".join(f"{n}={value:g}" for n in names),
-            {"coefficients": dict.fromkeys(names, value)},
+            ",".join(f"{n}={value:g}" for n in names) + held,
+            {"coefficients": {**dict.fromkeys(names, value), **off}},
         )
         for value in COEFFICIENT_RANGE
     ]
