@@ -162,6 +162,7 @@ def interpret(
     return parsed, context.sinks
 
 
+_REFERENCE_CONTEXT = re.compile(r"\.(?:" + "|".join(sorted(roles.REFERENCE_CONTEXTS)) + r")\(\)")
 # ``batch.batch["kld"] = kl_penalty(...)``: a KL stored under a key named as one.
 _KEY_WRITTEN = re.compile(r"""\[\s*["'](\w+)["']\s*\]\s*=(?!=)""")
 
@@ -181,6 +182,10 @@ def _writers_of_kl_entries_first(
         for m in _KEY_WRITTEN.finditer(source)
         if roles.has_words(m.group(1), roles.KL_WORDS)
     ]
+    # A step that stores the reference's log-probs computed under
+    # ``disable_adapter()`` (``inputs["prev_logps"] = ...``) before the loss
+    # that reads them back.
+    writes += [source.count("\n", 0, m.start()) + 1 for m in _REFERENCE_CONTEXT.finditer(source)]
     if not writes:
         return ordered
     defs = [(line, indent, name) for line, indent, kind, name in info.outline if kind == "def"]

@@ -1012,6 +1012,10 @@ class Expressions(Frame):
             written = self.context.read(base, key) if key is not None else None
             if written is not None:
                 return written
+            if key in self.context.reference_entries:
+                # Written elsewhere in the file from the model under
+                # ``disable_adapter()``: stored reference log-probs.
+                return ir.detach(ir.Atom(Role.REFERENCE_LOGP, key, roles.level_of(key)))
             if key is not None:
                 # ``config["actor"]["kl_loss_type"]``: a dict config is read
                 # like ``config.actor.kl_loss_type``.

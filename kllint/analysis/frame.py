@@ -66,6 +66,10 @@ class FileContext:
     # by one function of the file, for another that reads it back from its own
     # batch (a driver's reward step and a worker's loss), by key.
     kl_entries: dict[str, Value] = field(default_factory=dict)
+    # Keys written with log-probs computed as the reference's (under
+    # ``model.disable_adapter()``): ``inputs["prev_logps"]`` read anywhere in
+    # the file is the reference's, whatever the key says.
+    reference_entries: set[str] = field(default_factory=set)
     # One object for each attribute of a container kllint does not hold
     # (``data.batch``), however often and under whichever name it is read:
     # what a helper writes into ``data.batch["token_level_rewards"]``, its
@@ -163,6 +167,8 @@ class Frame:
         self.function_name = function_name
         self.env: dict[str, Value] = {}
         self.no_grad = False
+        # Inside ``with model.disable_adapter():``: the model is the reference.
+        self.on_reference = False
         # Under ``torch.inference_mode()``, which ``enable_grad`` cannot undo.
         self.inference_mode = False
         # Inside a loop run once per term (``terms_to_unroll``): a loop in it

@@ -273,12 +273,15 @@ class Interpreter(Calls):
                     self.no_grad = False
                 if item.asname is not None:
                     self.assign(item.asname.name, Unknown(code(item.item), ("context",)), item)
-            done = self.exec_block(statement.body.body)
-            self.no_grad, self.inference_mode = saved
-            if any(
+            reference = any(
                 roles.gives_the_reference(item.item) or self.returns_a_reference_context(item.item)
                 for item in statement.items
-            ):
+            )
+            outer, self.on_reference = self.on_reference, self.on_reference or reference
+            done = self.exec_block(statement.body.body)
+            self.no_grad, self.inference_mode = saved
+            self.on_reference = outer
+            if reference:
                 for name in _assigned_names(statement.body, unpacked=True):
                     if name in self.env:
                         self.env[name] = roles.as_reference(name, self.env[name])
@@ -1138,6 +1141,17 @@ class Interpreter(Calls):
                 # (``mb["log_prob"] = log_prob`` before ``compute_loss(mb)``): a
                 # loss reading them back would otherwise take them for stored.
                 self.context.write(container, key, value)
+            if (
+                self.on_reference
+                and isinstance(container, Unknown)
+                and key is not None
+                and roles.is_one_log_prob(value)
+            ):
+                # ``inputs["prev_logps"] = logps(self.model, ...)`` under
+                # ``disable_adapter()``: the reference's log-probs, for every
+                # function of the file that reads the entry back.
+                self.context.write(container, key, roles.as_reference(key, value))
+                self.context.reference_entries.add(key)
             if isinstance(container, DictVal) and key is not None:
                 container.items[key] = value
                 if sinks.is_loss_name(key):
