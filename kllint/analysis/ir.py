@@ -216,6 +216,9 @@ class Opaque(Node):
     the harness refuses to confirm a term that contains one."""
 
     reason: str
+    # A comparison's truth values (``input_ids != image_token_id``): whatever
+    # else it is, it carries no gradient.
+    gradient_free: bool = field(default=False, compare=False)
 
 
 # Constructors that fold the trivial cases, so that lowered trees stay small.
@@ -287,7 +290,7 @@ def has_unknown_gradient(x: Node) -> bool:
     """An opaque value outside any detach, other than a new tensor of
     constants: it may carry a gradient kllint cannot see."""
     if isinstance(x, Opaque):
-        return not is_new_constant_tensor(x)
+        return not (is_new_constant_tensor(x) or x.gradient_free)
     if isinstance(x, Unary) and x.op == "detach":
         return False
     return any(has_unknown_gradient(c) for c in x.children())
@@ -298,7 +301,7 @@ def has_unknown_gradient_but_normalisers(x: Node) -> bool:
     divides (``/ loss_denom``, ``/ n_tokens_global``) is a normaliser: a
     count of tokens or samples, not a path to the policy."""
     if isinstance(x, Opaque):
-        return not is_new_constant_tensor(x)
+        return not (is_new_constant_tensor(x) or x.gradient_free)
     if isinstance(x, Unary) and x.op == "detach":
         return False
     if isinstance(x, Binary) and x.op == "div" and isinstance(x.right, Opaque):

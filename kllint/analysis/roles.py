@@ -462,6 +462,9 @@ def resolve(
             return ir.Atom(weight, unknown.text, ir.Level.SEQUENCE)
         if weight is not None:
             return ir.Atom(weight, unknown.text)
+        if unknown.names[:1] == ("condition",):
+            # ``(input_ids != image_token_id)`` in a mask: truth values.
+            return ir.Opaque(unknown.text, gradient_free=True)
         return ir.Opaque(unknown.text)
     level = ir.Level.DISTRIBUTION if unknown.distribution else level_of(name)
     atom: ir.Node = ir.Atom(role, name, level, per_token=unknown.per_token)
