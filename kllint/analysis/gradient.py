@@ -216,10 +216,14 @@ def _clamped(d: Dual, low: float | None, high: float | None, n: int) -> Dual:
 def _reduced(node: ir.Reduce, point: _Point, memo: Memo, detached: bool) -> tuple[Value, bool]:
     n = len(point.log_ratio)
     values, per_token = _evaluate(node.arg, point, memo, detached)
-    if node.axis is not Axis.TIME and (detached or not ir.depends_on_policy(node.arg)):
+    baseline = (
+        node.kind == "mean" and node.axis is Axis.BATCH and not ir.depends_on_policy(node.arg)
+    )
+    if node.axis is not Axis.TIME and (detached or baseline):
         # A batch statistic in a detached weight (a whitened advantage, a
-        # group baseline, also of rewards made of detached log-probs,
-        # ``rewards.view(-1, n).mean(dim=1)``). A mean over a large batch is a constant that does
+        # group baseline; also a group's mean of rewards made of detached
+        # log-probs, ``rewards.view(-1, n).mean(dim=1)``, with no detach
+        # around it). A mean over a large batch is a constant that does
         # not depend on this sample; a sum holds this sample once, plus a
         # constant: (sum(r) - r) / (k - 1), the leave-one-out baseline,
         # does not depend on r.
