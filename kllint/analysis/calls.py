@@ -351,7 +351,7 @@ class Calls(Expressions):
                     call,
                     evaluated=passed,
                 )
-        if method == "select" and full_code(func.value).rpartition(".")[2] == "OmegaConf":
+        if method == "select" and code(func.value).rpartition(".")[2] == "OmegaConf":
             selected = self.omegaconf_select(call, args)
             if selected is not None:
                 return selected
@@ -875,7 +875,7 @@ class Calls(Expressions):
     ) -> Value:
         """A method of a value kllint cannot compute: a tensor method once its
         role is known, else evidence kept on the unknown result."""
-        by_hand = lowering.normaliser_by_hand(method, receiver, code(call))
+        by_hand = lowering.normaliser_by_hand(method, receiver, call)
         if by_hand is not None:
             return by_hand
         if (
@@ -1089,7 +1089,7 @@ class Calls(Expressions):
                 for v in arg_values
             ]
         if arg_values and isinstance(arg_values[0], Unknown):
-            by_hand = lowering.normaliser_by_hand(name, arg_values[0], code(call))
+            by_hand = lowering.normaliser_by_hand(name, arg_values[0], call)
             if by_hand is not None:
                 return by_hand
         if name in LOGPROB_OPS or name in ("log_softmax", "softmax"):

@@ -135,7 +135,7 @@ class Expressions(Frame):
             ):
                 # ``teacher_logits / temperature``: still the teacher's logits.
                 return replace(left, text=code(expr))
-        shifted = lowering.shifted_logits(op, left, right, code(expr))
+        shifted = lowering.shifted_logits(op, left, right, expr)
         if shifted is not None:
             return shifted
         log_prob = lowering.normalised_gather(op, left, right, _gathers_tokens(expr.left))

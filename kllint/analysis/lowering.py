@@ -621,7 +621,7 @@ def _size(at: TorchCall, receiver: Value, args: Args, kwargs: Kwargs) -> Value:
     return ir.Atom(Role.COEFFICIENT, at.code)
 
 
-def shifted_logits(op: str, left: Value, right: Value, text: str) -> Unknown | None:
+def shifted_logits(op: str, left: Value, right: Value, node: cst.CSTNode) -> Unknown | None:
     """``logits - logits.max(-1, keepdim=True).values``: the same logits for a
     softmax, which no shift of a position's logits changes (the max is taken
     for numerical safety before the exps of a log-softmax written by hand)."""
@@ -635,21 +635,23 @@ def shifted_logits(op: str, left: Value, right: Value, text: str) -> Unknown | N
         and set(left.names) <= set(right.names)
     ):
         return None
-    return replace(left, text=text)
+    return replace(left, text=code(node))
 
 
-def normaliser_by_hand(op: str, value: Unknown, text: str) -> Unknown | None:
+def normaliser_by_hand(op: str, value: Unknown, node: cst.CSTNode) -> Unknown | None:
     """``z.exp().sum(-1, keepdim=True).log()`` of logits ``z``: their log Z
     written out (a vocab-parallel log-softmax sums each shard's exps across
     ranks before the log), so that ``z - log_z`` is the log-softmax as
     ``z - torch.logsumexp(z, -1)`` is. Each step keeps the logits' names."""
+    if op not in ("exp", "sum", "log"):
+        return None
     head, rest = (value.names[0], value.names[1:]) if value.names else ("", ())
     if op == "exp" and not value.logprob_op and any(roles.names_logits(n) for n in value.names):
-        return replace(value, text=text, names=("exp of logits", *value.names), call=True)
+        return replace(value, text=code(node), names=("exp of logits", *value.names), call=True)
     if op == "sum" and head == "exp of logits":
-        return replace(value, text=text, names=("sum of exp of logits", *rest))
+        return replace(value, text=code(node), names=("sum of exp of logits", *rest))
     if op == "log" and head == "sum of exp of logits":
-        return replace(value, text=text, names=("logsumexp", *rest), logprob_op=True)
+        return replace(value, text=code(node), names=("logsumexp", *rest), logprob_op=True)
     return None
 
 

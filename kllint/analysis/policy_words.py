@@ -7,6 +7,7 @@ LibCST, and the gradient classifier read the same words."""
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 
 REFERENCE_WORDS = frozenset(
     {
@@ -62,6 +63,7 @@ _WORD = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])")
 _SETTING = re.compile(r"[A-Za-z_][\w.]*(\[[\"'][\w.]+[\"']\])?")
 
 
+@lru_cache(maxsize=4096)
 def names_a_guard(name: str) -> bool:
     """``eps``, ``args.prob_eps``, ``cfg["log_epsilon"]``: a setting, not an
     expression that merely mentions one (``rsqrt(var + eps)``)."""
