@@ -1208,6 +1208,10 @@ def _tensor(at: TorchCall, args: Args, kwargs: Kwargs) -> Value | None:
         # ``torch.tensor([kl.sum().item(), n])`` packed for an all-reduce: each
         # entry copied out of the graph, read back as ``stats[0]``.
         return Seq([ir.detach(i, at.origin) if isinstance(i, ir.Node) else i for i in data.items])
+    if isinstance(data, Unknown) and data.names:
+        # ``torch.from_numpy(rb.ref_log_probs)``: the rollout's array as a
+        # tensor, still named by what it holds, without a graph.
+        return replace(data, text=at.code, detached=True)
     return Unknown("torch.tensor(...)", ("tensor",), call=True, detached=True)
 
 
