@@ -521,7 +521,7 @@ class Expressions(Frame):
             written = self.env.get(written_attribute(owner, attr))
             if written is not None:
                 return written
-            stored = self.context.kl_entries.get(attr)
+            stored = self.context.shared_entries.get(attr)
             if stored is not None:
                 # ``experience.kl``, a record's KL field that another function
                 # of the file filled (``Experience(..., kl, ...)``).
@@ -1012,10 +1012,6 @@ class Expressions(Frame):
             written = self.context.read(base, key) if key is not None else None
             if written is not None:
                 return written
-            if key in self.context.reference_entries:
-                # Written elsewhere in the file from the model under
-                # ``disable_adapter()``: stored reference log-probs.
-                return ir.detach(ir.Atom(Role.REFERENCE_LOGP, key, roles.level_of(key)))
             if key is not None:
                 # ``config["actor"]["kl_loss_type"]``: a dict config is read
                 # like ``config.actor.kl_loss_type``.

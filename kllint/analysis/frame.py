@@ -62,14 +62,12 @@ class FileContext:
     # container's value: what a helper writes into its argument, its caller
     # reads back.
     written: dict[int, tuple[object, dict[str, Value]]] = field(default_factory=dict)
-    # A KL estimate stored under a key named as one (``data.batch["ref_kl"]``)
-    # by one function of the file, for another that reads it back from its own
-    # batch (a driver's reward step and a worker's loss), by key.
-    kl_entries: dict[str, Value] = field(default_factory=dict)
-    # Keys written with log-probs computed as the reference's (under
-    # ``model.disable_adapter()``): ``inputs["prev_logps"]`` read anywhere in
-    # the file is the reference's, whatever the key says.
-    reference_entries: set[str] = field(default_factory=set)
+    # Values stored by key by one function of the file, for another that reads
+    # them back from its own batch, by key: a KL estimate under a key named as
+    # one (``data.batch["ref_kl"]``, a driver's reward step and a worker's
+    # loss), and log-probs computed as the reference's under
+    # ``model.disable_adapter()``, whatever the key says (``inputs["prev_logps"]``).
+    shared_entries: dict[str, Value] = field(default_factory=dict)
     # One object for each attribute of a container kllint does not hold
     # (``data.batch``), however often and under whichever name it is read:
     # what a helper writes into ``data.batch["token_level_rewards"]``, its
@@ -102,14 +100,14 @@ class FileContext:
         """A value stored under a key named as a KL (``"ref_kl"``, a record's
         ``kl`` field), for another function of the file to read back."""
         if roles.has_words(key, roles.KL_WORDS):
-            self.kl_entries[key] = value
+            self.shared_entries[key] = value
 
     def read(self, container: Value, key: str) -> Value | None:
         held = _held(container)
         entry = self.written.get(id(held))
         if entry is not None and entry[0] is held and key in entry[1]:
             return entry[1][key]
-        return self.kl_entries.get(key)
+        return self.shared_entries.get(key)
 
     def attribute_of(self, container: Value, attr: str) -> object:
         """What ``container.attr`` is another name for (see ``attributes``)."""

@@ -1150,8 +1150,9 @@ class Interpreter(Calls):
                 # ``inputs["prev_logps"] = logps(self.model, ...)`` under
                 # ``disable_adapter()``: the reference's log-probs, for every
                 # function of the file that reads the entry back.
-                self.context.write(container, key, roles.as_reference(key, value))
-                self.context.reference_entries.add(key)
+                reference = roles.as_reference(key, value)
+                self.context.write(container, key, reference)
+                self.context.shared_entries[key] = reference
             if isinstance(container, DictVal) and key is not None:
                 container.items[key] = value
                 if sinks.is_loss_name(key):

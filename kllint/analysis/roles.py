@@ -764,15 +764,19 @@ def gives_the_reference(context: object) -> bool:
     )
 
 
+_LOGPROB_ROLES = (Role.POLICY_LOGP, Role.OLD_LOGP, Role.REFERENCE_LOGP)
+
+
 def as_reference(name: str, value: Value) -> Value:
     """A log-prob computed under ``disable_adapter()`` (``lq = take(policy(ids))``):
-    the reference's, under the name it is assigned to."""
+    the reference's, under the name it is assigned to, also when that name
+    says otherwise (``inputs["prev_logps"]``: the code is the evidence)."""
     if isinstance(value, Choice):
         return Choice([(label, as_reference(name, option)) for label, option in value.options])
     if not isinstance(value, ir.Node):
         return value
-    logprobs = [a for a in value.atoms() if a.role in (Role.POLICY_LOGP, Role.REFERENCE_LOGP)]
-    if len({id(a) for a in logprobs}) != 1 or logprobs[0].role is not Role.POLICY_LOGP:
+    logprobs = [a for a in value.atoms() if a.role in _LOGPROB_ROLES]
+    if len({id(a) for a in logprobs}) != 1 or logprobs[0].role is Role.REFERENCE_LOGP:
         return value
     atom = logprobs[0]
     return ir.substitute(value, {id(atom): replace(atom, role=Role.REFERENCE_LOGP, name=name)})
