@@ -621,7 +621,7 @@ class Expressions(Frame):
                 # cannot type: the package's one number for it, if it has one.
                 number = self.package_number(attr)
             if number is not None:
-                return roles.setting_number(code(expr), number)
+                return ir.Atom(Role.COEFFICIENT, code(expr), default=number)
             return default if default is not None else unknown
         if isinstance(base, (FuncRef, Py)):
             return Unknown(code(expr), (attr,))
@@ -893,7 +893,7 @@ class Expressions(Frame):
             )
             or (_number_setting(assigned[0]) and _from_settings(value, read_with_default=True))
         ):
-            return roles.setting_number(f"self.{attr}")
+            return ir.Atom(Role.COEFFICIENT, f"self.{attr}")
         if isinstance(value, Unknown) and value.module is not None:
             # ``getattr(kl_estimators, f"kl_{cfg.kl.estimator}")``: a function
             # of a module of the project, named by a setting.

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 from kllint.analysis import ir
 from kllint.analysis.ir import Axis, Level, Role
+from kllint.analysis.policy_words import GUARD_VALUE, names_a_guard
 
 # Coefficients and opaque weights only scale a term; not 1, so that an
 # expression such as ``(k - 1)`` in a leave-one-out baseline stays finite.
@@ -167,6 +168,8 @@ def _evaluate_uncached(
     if isinstance(node, ir.Atom):
         if node.role is Role.MASK and node.level is Level.SEQUENCE:
             return [Dual.const(1.0, n)], False  # a sample mask: the sequence counts
+        if node.role is Role.COEFFICIENT and names_a_guard(node.name):
+            return [Dual.const(GUARD_VALUE, n)], False  # ``log(p + eps)``: the log-prob
         values = _atom_values(node.role, point)
         if node.level is Level.SEQUENCE:
             return [_total(values)], False

@@ -23,7 +23,7 @@ import libcst as cst
 from kllint.analysis import ir
 from kllint.analysis.ir import Level, Role
 from kllint.analysis.module import ClassInfo, FunctionKey, ModuleInfo, Sketch
-from kllint.analysis.policy_words import OLD_WORDS, REFERENCE_WORDS
+from kllint.analysis.policy_words import OLD_WORDS, REFERENCE_WORDS, names_a_guard
 from kllint.analysis.values import (
     Choice,
     DictVal,
@@ -350,33 +350,6 @@ TERSE_WEIGHTS: dict[str, Role] = {
 }
 
 
-# A setting that only keeps a logarithm or a division finite: ``log(p + eps)``
-# is the log-prob, whatever number the setting holds.
-GUARD_WORDS = frozenset({"eps", "epsilon", "tiny"})
-# ``clip_eps``, ``epsilon_low``: PPO's clip range, an epsilon of another kind.
-_NOT_GUARD_WORDS = frozenset({"clip", "clipping", "range", "ratio", "low", "high", "greedy"})
-GUARD_VALUE = 1e-8
-_SETTING = re.compile(r"[A-Za-z_][\w.]*(\[[\"'][\w.]+[\"']\])?")
-
-
-@lru_cache(maxsize=4096)
-def names_a_guard(name: str) -> bool:
-    """``eps``, ``args.prob_eps``, ``cfg["log_epsilon"]``: a setting, not an
-    expression that merely mentions one (``rsqrt(var + eps)``)."""
-    if not _SETTING.fullmatch(name):
-        return False
-    last = set(words(re.split(r"[.\[]", name)[-1]))
-    return bool(last & GUARD_WORDS) and not last & _NOT_GUARD_WORDS
-
-
-def setting_number(name: str, default: tuple[float, str] | None = None) -> ir.Node:
-    """A number of the run's settings: a coefficient of any value, or a guard
-    (a tiny constant, as the literal ``1e-8`` it stands for)."""
-    if names_a_guard(name):
-        return ir.Const(GUARD_VALUE)
-    return ir.Atom(Role.COEFFICIENT, name, default=default)
-
-
 def weight_role(name: str) -> Role | None:
     """Non-log-prob operands: masks, advantages, coefficients."""
     if name in TERSE_WEIGHTS:
@@ -487,8 +460,6 @@ def resolve(
         if weight is Role.MASK and has_words(_last_name(unknown), SAMPLE_WORDS):
             # ``sample_mask``: which samples count, one value per sequence.
             return ir.Atom(weight, unknown.text, ir.Level.SEQUENCE)
-        if weight is Role.COEFFICIENT:
-            return setting_number(unknown.text)
         if weight is not None:
             return ir.Atom(weight, unknown.text)
         if unknown.names[:1] == ("condition",):

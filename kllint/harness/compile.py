@@ -54,6 +54,7 @@ import torch
 
 from kllint.analysis import ir
 from kllint.analysis.ir import Axis, Level, Role
+from kllint.analysis.policy_words import GUARD_VALUE, names_a_guard
 from kllint.harness.prepare import unreadable, zero
 from kllint.harness.tabular import DTYPE, Rows, token_logp
 
@@ -104,7 +105,7 @@ def check_supported(term: ir.Node) -> set[str]:
                     f"the term is weighted by `{node.name}` (an advantage or reward), whose value "
                     "depends on the task, not on the policy and reference"
                 )
-            if node.role is Role.COEFFICIENT:
+            if node.role is Role.COEFFICIENT and not names_a_guard(node.name):
                 coefficients.add(node.name)
         elif isinstance(node, ir.Unary):
             if node.op not in _UNARY:
@@ -133,7 +134,12 @@ def nonlinear_coefficients(term: ir.Node) -> list[str]:
 
     def visit(node: ir.Node, scale: bool) -> None:
         if isinstance(node, ir.Atom):
-            if node.role is Role.COEFFICIENT and not scale and node.name not in found:
+            if (
+                node.role is Role.COEFFICIENT
+                and not scale
+                and node.name not in found
+                and not names_a_guard(node.name)
+            ):
                 found.append(node.name)
             return
         if isinstance(node, ir.CumSum):
@@ -433,7 +439,8 @@ def _atom(atom: ir.Atom, b: _Bindings) -> _Value:
         if atom.level is Level.SEQUENCE:  # a sample mask: every sequence counts
             return _Value(torch.ones_like(x[..., :1]), per_token=False, batch=False)
     elif atom.role is Role.COEFFICIENT:
-        value = b.coefficients.get(atom.name, 1.0)
+        # A guard (``log(p + eps)``) is a tiny number, not a weight to vary.
+        value = GUARD_VALUE if names_a_guard(atom.name) else b.coefficients.get(atom.name, 1.0)
         return _Value(torch.tensor(value, dtype=DTYPE), per_token=False, batch=True)
     else:
         raise Unsupported(f"`{atom.name}` ({atom.role.value.replace('_', ' ')}) is not modelled")

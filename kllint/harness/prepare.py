@@ -20,6 +20,7 @@ from collections.abc import Iterator
 
 from kllint.analysis import ir
 from kllint.analysis.ir import Role
+from kllint.analysis.policy_words import names_a_guard
 
 # The interpreter's names for values it cannot turn into a tensor, in words.
 _KINDS = {
@@ -116,7 +117,8 @@ def prepare(term: ir.Node) -> tuple[ir.Node, list[str], set[str]]:
     for node in term.walk():
         if isinstance(node, ir.Binary) and _guarded(node) and id(node) not in mapping:
             mapping[id(node)] = node.left
-            guards.add(f"{node.right.value:g}")  # type: ignore[attr-defined]
+            right = node.right
+            guards.add(right.name if isinstance(right, ir.Atom) else f"{right.value:g}")  # type: ignore[attr-defined]
     if guards:
         notes.append(
             f"the numerical guard (+ {', '.join(sorted(guards))}) set to 0: "
@@ -140,14 +142,14 @@ GUARD = 1e-4
 
 
 def _guarded(node: ir.Node) -> bool:
-    """``x + eps`` with a tiny positive literal ``eps``."""
-    return (
-        isinstance(node, ir.Binary)
-        and node.op == "add"
-        and isinstance(node.right, ir.Const)
-        and 0 < node.right.value <= GUARD
-        and not isinstance(node.left, ir.Const)
-    )
+    """``x + eps`` with a tiny positive literal ``eps``, or a setting named
+    as a guard (``x + args.prob_eps``)."""
+    if not (isinstance(node, ir.Binary) and node.op == "add") or isinstance(node.left, ir.Const):
+        return False
+    right = node.right
+    if isinstance(right, ir.Atom):
+        return right.role is Role.COEFFICIENT and names_a_guard(right.name)
+    return isinstance(right, ir.Const) and 0 < right.value <= GUARD
 
 
 def _mask_like(term: ir.Node) -> set[tuple[object, ...]]:
