@@ -60,6 +60,9 @@ STRING_METHODS = frozenset(
         "endswith",
         "startswith",
         "split",
+        "rsplit",
+        "partition",
+        "rpartition",
         "count",
         "find",
     }
@@ -351,6 +354,10 @@ class Calls(Expressions):
                     call,
                     evaluated=passed,
                 )
+        if method == "sub" and isinstance(func.value, cst.Name) and func.value.value == "re":
+            slug = self.regex_substitution(args)
+            if slug is not None:
+                return slug
         if method == "select" and code(func.value).rpartition(".")[2] == "OmegaConf":
             selected = self.omegaconf_select(call, args)
             if selected is not None:
@@ -366,6 +373,13 @@ class Calls(Expressions):
             result = self.string_method(receiver, method, args)
             if result is not None:
                 return result
+        if isinstance(receiver, DictVal) and method == "get" and 1 <= len(args) <= 2:
+            # ``KL_ALIASES.get(name, name)`` of a selector: the entry, else the fallback.
+            key = self.eval(args[0].value)
+            if isinstance(key, Py) and isinstance(key.value, str):
+                if key.value in receiver.items:
+                    return receiver.items[key.value]
+                return self.eval(args[1].value) if len(args) == 2 else Py(None)
         if isinstance(receiver, DictVal) and method == "values" and not args:
             return Seq(list(receiver.items.values()))
         if isinstance(receiver, DictVal) and method == "update":
@@ -794,7 +808,26 @@ class Calls(Expressions):
             return None
         if isinstance(result, (str, bool, int)):
             return Py(result, receiver.source)
+        if isinstance(result, (list, tuple)):
+            # ``spec.partition("@")``, ``name.split(":")``: the pieces, each a selector.
+            return Seq([Py(piece, receiver.source) for piece in result])
         return None
+
+    def regex_substitution(self, args: list[cst.Arg]) -> Py | None:
+        """``re.sub(r"[^0-9a-z_]+", "_", name.lower())`` of a selector: the
+        slug it becomes, so that the lookup after it is decided."""
+        if len(args) != 3:
+            return None
+        pattern, replacement, string = (self.eval(a.value) for a in args)
+        if not all(
+            isinstance(v, Py) and isinstance(v.value, str) for v in (pattern, replacement, string)
+        ):
+            return None
+        try:
+            slug = re.sub(pattern.value, replacement.value, string.value)  # type: ignore[union-attr, arg-type]
+        except (re.error, IndexError):
+            return None
+        return Py(slug, string.source)  # type: ignore[union-attr]
 
     def mutate(
         self,

@@ -153,6 +153,13 @@ class Expressions(Frame):
         return self.binary(op, left, right, expr)
 
     def eval_condition(self, expr: cst.Comparison | cst.BooleanOperation) -> Value:
+        if isinstance(expr, cst.BooleanOperation):
+            # ``level or "token"`` of a known string: the operand Python returns.
+            left = self.eval(expr.left)
+            if isinstance(left, Py) and isinstance(left.value, (str, int, float, type(None))):
+                if bool(left.value) == isinstance(expr.operator, cst.Or):
+                    return left
+                return self.eval(expr.right)
         truth = self.truth(expr)
         return Py(truth) if truth is not None else Unknown(code(expr), ("condition",))
 
@@ -411,6 +418,10 @@ class Expressions(Frame):
             ):
                 # ``compute_kl = kl_penalty``: an old name kept for a renamed function.
                 return self.eval(constant)
+            if isinstance(constant, (cst.Tuple, cst.List)) and self.function_list(constant):
+                # ``KL_ABLATIONS = [("k1", lambda lp, ref, m: lp - ref), ...]``:
+                # a dispatch table indexed by position.
+                return self.eval_constant(constant)
             if isinstance(constant, (cst.Tuple, cst.List)) and all(
                 isinstance(e.value, cst.SimpleString) for e in constant.elements
             ):
@@ -423,6 +434,31 @@ class Expressions(Frame):
                     else Unknown(name, (name,))
                 )
         return Unknown(name, (name,))
+
+    def function_list(self, constant: cst.Tuple | cst.List) -> bool:
+        """Every item a function (a lambda, or one the module defines or
+        imports), or a tuple of names and such a function."""
+
+        def function(node: cst.BaseExpression) -> bool:
+            return isinstance(node, cst.Lambda) or (
+                isinstance(node, cst.Name)
+                and (node.value in self.module.functions or node.value in self.module.imports)
+            )
+
+        def item(node: cst.BaseExpression) -> bool:
+            if isinstance(node, cst.Tuple):
+                parts = [e.value for e in node.elements]
+                return any(map(function, parts)) and all(
+                    function(p) or isinstance(p, cst.SimpleString) for p in parts
+                )
+            return function(node)
+
+        elements = [e for e in constant.elements if isinstance(e, cst.Element)]
+        return (
+            bool(elements)
+            and len(elements) == len(constant.elements)
+            and all(item(e.value) for e in elements)
+        )
 
     def imported_dispatch(self, table: cst.Dict, where: ModuleInfo) -> DictVal:
         """An imported dispatch table (``{"k3": low_var_kl, ...}``): each
@@ -456,8 +492,9 @@ class Expressions(Frame):
 
     def setting_default(self, base: Unknown, name: str) -> Py | None:
         """``config.kl_loss_type`` or ``config["kl_loss_type"]``: the one
-        default the project gives that setting, if any."""
-        return selectors.config_default(
+        default the project gives that setting, if any, as the config
+        class's ``__post_init__`` leaves it."""
+        default = selectors.config_default(
             self.context.project,
             self.context.fs_path,
             self.module,
@@ -467,6 +504,37 @@ class Expressions(Frame):
             name,
             flags=True,
         )
+        if default is not None and isinstance(default.value, str):
+            return self.post_init_setting(base, name, default)
+        return default
+
+    def post_init_setting(self, base: Unknown, name: str, default: Py) -> Py:
+        """``self.kl_estimator = _KL_ALIASES[self.kl_estimator.strip().lower()]``
+        in the config class's ``__post_init__``: the setting it normalises,
+        evaluated on the defaults of the fields."""
+        found = selectors.settings_class(
+            self.context.project, self.module, self.function_node, self.cls, base
+        )
+        hook = found[0].methods.get("__post_init__") if found is not None else None
+        if found is None or hook is None or not isinstance(hook.body, cst.IndentedBlock):
+            return default
+        assigned = _init_assignments(hook).get(name, [])
+        if len(assigned) != 1 or name in _branch_assignments(hook):
+            return default
+        fields: dict[str, Value] = {
+            field: Py(value, default.source)
+            for field, value in selectors.field_literals(found[0]).items()
+        }
+        fields[name] = default
+        saved = self.env, self.function_node, self.module
+        self.env, self.function_node, self.module = {"self": DictVal(fields)}, hook, found[1]
+        try:
+            for local, value in _init_locals(hook, _names_in(assigned[0]), known={"self"}):
+                self.env[local] = self.eval(value)
+            normalised = self.eval(assigned[0])
+        finally:
+            self.env, self.function_node, self.module = saved
+        return normalised if isinstance(normalised, Py) else default
 
     def eval_attribute(self, expr: cst.Attribute) -> Value:
         return self.attribute(self.eval(expr.value), expr.attr.value, expr)
@@ -858,9 +926,22 @@ class Expressions(Frame):
             # ``self.gamma = gamma`` with ``gamma=1.0`` in the signature: no
             # discount unless a caller asks for one.
             return ir.Const(1.0)
+        method = self.method_named_in_init(init, assigned)
+        if method is not None:
+            return method
         if (
             len(assigned) != 1
-            or not isinstance(assigned[0], (cst.Call, cst.Subscript, cst.Name, cst.Attribute))
+            or not isinstance(
+                assigned[0],
+                (
+                    cst.Call,
+                    cst.Subscript,
+                    cst.Name,
+                    cst.Attribute,
+                    cst.SimpleString,
+                    cst.BooleanOperation,
+                ),
+            )
             # ``self.kl_estimator = self.args.kl_estimator``: a setting read
             # from another object, asked of only what can pick an estimator.
             or (isinstance(assigned[0], cst.Attribute) and not selectors.names_a_selector(attr))
@@ -901,6 +982,31 @@ class Expressions(Frame):
         if isinstance(value, FuncRef):
             return value
         return None
+
+    def method_named_in_init(
+        self, init: cst.FunctionDef, assigned: list[cst.BaseExpression]
+    ) -> FuncRef | None:
+        """``self._kl_fn = getattr(self, f"_kl_{_slug(config.kl_type)}")``: the
+        method of the class the settings name."""
+        if not (
+            len(assigned) == 1
+            and isinstance(assigned[0], cst.Call)
+            and isinstance(assigned[0].func, cst.Name)
+            and assigned[0].func.value == "getattr"
+            and len(assigned[0].args) == 2
+            and isinstance(assigned[0].args[0].value, cst.Name)
+            and assigned[0].args[0].value.value == "self"
+            and self.self_class is not None
+        ):
+            return None
+        name_expr = assigned[0].args[1].value
+        if not _reads_only_settings_of_self(name_expr):
+            return None
+        (name,) = self.eval_in_init(init, [name_expr])
+        if not (isinstance(name, Py) and isinstance(name.value, str)):
+            return None
+        method = self.context.project.method(*self.self_class, name.value)
+        return method if isinstance(method, FuncRef) else None
 
     def eval_in_init(
         self, init: cst.FunctionDef, expressions: Sequence[cst.BaseExpression]
@@ -1345,21 +1451,42 @@ def _top_level_assignments(
             continue
         for small in statement.body:
             if isinstance(small, cst.Assign) and len(small.targets) == 1:
-                target, value = small.targets[0].target, small.value
-                if isinstance(target, cst.Name):
-                    local.setdefault(target.value, []).append(value)
+                pairs = _unpacked(small.targets[0].target, small.value)
             elif isinstance(small, cst.AnnAssign) and small.value is not None:
-                target, value = small.target, small.value
+                pairs = [(small.target, small.value)]
             else:
                 continue
-            if (
-                isinstance(target, cst.Attribute)
-                and isinstance(target.value, cst.Name)
-                and target.value.value == "self"
-            ):
-                attributes.setdefault(target.attr.value, []).append(value)
+            for target, value in pairs:
+                if isinstance(target, cst.Name) and not isinstance(small, cst.AnnAssign):
+                    local.setdefault(target.value, []).append(value)
+                elif (
+                    isinstance(target, cst.Attribute)
+                    and isinstance(target.value, cst.Name)
+                    and target.value.value == "self"
+                ):
+                    attributes.setdefault(target.attr.value, []).append(value)
     _INIT_ASSIGNMENTS[id(init)] = (init, (attributes, local))
     return attributes, local
+
+
+def _unpacked(
+    target: cst.BaseAssignTargetExpression, value: cst.BaseExpression
+) -> list[tuple[cst.BaseExpression, cst.BaseExpression]]:
+    """``self.kl_estimator, _, level = spec.partition("@")``: each target
+    with the element of the value it takes (``spec.partition("@")[0]``)."""
+    if not isinstance(target, (cst.Tuple, cst.List)):
+        return [(target, value)]
+    if any(isinstance(e, cst.StarredElement) for e in target.elements):
+        return []
+    return [
+        (
+            element.value,
+            cst.Subscript(
+                value=value, slice=[cst.SubscriptElement(cst.Index(cst.Integer(str(i))))]
+            ),
+        )
+        for i, element in enumerate(target.elements)
+    ]
 
 
 # Names of a return's discount and of GAE's lambda.

@@ -1562,6 +1562,10 @@ class Interpreter(Calls):
             roles.may_carry_kl(v) for v in ref.receiver.built().values()
         ):
             return True
+        if any(isinstance(v, Py) and isinstance(v.value, str) and v.source for v in passed):
+            # ``_slug(config.kl_type)``: a setting's string, normalised by the
+            # helper into the name a dispatch looks up.
+            return True
         if _makes_a_function(ref):
             # ``reduce = make_sample_reducer(masks, n)``: the function it
             # returns is given the KL later (``kl_loss = reduce(kl)``).

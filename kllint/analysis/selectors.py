@@ -467,8 +467,11 @@ def _self_attributes(module: ModuleInfo, cls: ClassInfo) -> tuple[Counter[str], 
     known = _SELF_ATTRIBUTES.get(key)
     if known is None:
         text = _ANNOTATION.sub(r"\1 =", _class_text(module, cls))
+        assigned = Counter(_ASSIGNED.findall(text))
+        for targets in _TUPLE_TARGETS.findall(text):
+            assigned.update(re.findall(r"\bself\.(\w+)", targets))
         known = _SELF_ATTRIBUTES[key] = (
-            Counter(_ASSIGNED.findall(text)),
+            assigned,
             frozenset(_BUILT.findall(text)),
         )
     return known
@@ -502,6 +505,11 @@ def _in_a_class(source: str, position: int) -> bool:
 
 _MAXIMIZE = re.compile(r"\bmaximize\s*=\s*True\b")
 _ASSIGNED = re.compile(r"self\.(\w+)\s*(?:[-+*/]?=)(?!=)")
+# ``self.kl_estimator, _, level = spec.partition("@")``: each ``self.x`` of the
+# targets is assigned by the line.
+_TUPLE_TARGETS = re.compile(
+    r"(?m)^[ \t]*\(?((?:[\w.]+[ \t]*,[ \t]*)+[\w.]+)[ \t]*,?[ \t]*\)?[ \t]*=(?!=)"
+)
 # ``self.kl = KLLoss(...)``, or a class picked from a registry and built
 # (``self.kl_fn = KL_MODULES[cfg.kl_estimator]()``, ``KL_LOSSES[lc["kl"]]()``),
 # or by a classmethod factory (``KLPenalty.from_config(args)``).
@@ -643,6 +651,36 @@ def number_setting(
             line = where.line_of_class(config_class.name)
             return f.number, f"`{config_class.name}` ({where.path.name}:{line})"
     return None
+
+
+def settings_class(
+    project: Project,
+    module: ModuleInfo,
+    function: cst.FunctionDef | None,
+    cls: ClassInfo | None,
+    base: Unknown,
+) -> tuple[ClassInfo, ModuleInfo] | None:
+    """The config class whose object ``base`` is (``config: KLGRPOConfig``,
+    ``self.args`` of an ``args: KLGRPOConfig``), as ``config_default`` finds it."""
+    if base.call or base.module is not None:
+        return None
+    written = (
+        tuple(base.text.split("."))
+        if len(base.names) > 2 and "." in base.text and _DOTTED.fullmatch(base.text)
+        else ()
+    )
+    if len(written) < 2 or base.names[: len(written)] != written:
+        written = base.names
+    return _config_class(project, module, function, cls, written)
+
+
+def field_literals(cls: ClassInfo) -> dict[str, str | int]:
+    """The literal defaults of a config class's fields."""
+    return {
+        f.name: d
+        for f in cls.fields
+        if f.annotated and (d := _field_default(cls, f.name)) is not None
+    }
 
 
 def _config_class(
