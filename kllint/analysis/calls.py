@@ -268,6 +268,10 @@ class Calls(Expressions):
                     if isinstance(fallback, Py) and isinstance(fallback.value, str):
                         return fallback
                 return value
+        if name == "str" and len(args) == 1 and not kwargs:
+            text = self.eval(args[0].value)
+            if isinstance(text, Py) and isinstance(text.value, str):
+                return text  # ``str(value).strip().lower()`` in a validator
         if name == "len" and args:
             return ir.Atom(Role.COEFFICIENT, code(call))
         if name in ("min", "max") and len(args) >= 2 and not kwargs:

@@ -505,29 +505,70 @@ class Expressions(Frame):
             flags=True,
         )
         if default is not None and isinstance(default.value, str):
-            return self.post_init_setting(base, name, default)
+            found = selectors.settings_class(
+                self.context.project, self.module, self.function_node, self.cls, base
+            ) or selectors.declaring_class(self.module, name, default.value)
+            if found is not None:
+                default = self.validated_setting(found[0], found[1], name, default)
+                return self.post_init_setting(found[0], found[1], name, default)
         return default
 
-    def post_init_setting(self, base: Unknown, name: str, default: Py) -> Py:
+    def validated_setting(self, config: ClassInfo, where: ModuleInfo, name: str, default: Py) -> Py:
+        """A pydantic validator of the field that runs on its default
+        (``validate_default=True``, or v1's ``always=True``): the value it
+        returns for the default (``str(value).strip().lower()``)."""
+        for method_name, method in config.methods.items():
+            for decorator in method.decorators:
+                call = decorator.decorator
+                if not (
+                    isinstance(call, cst.Call)
+                    and (dotted_name(call.func) or "").rpartition(".")[2]
+                    in ("field_validator", "validator")
+                    and any(
+                        isinstance(a.value, cst.SimpleString)
+                        and a.value.evaluated_value in (name, "*")
+                        for a in call.args
+                        if a.keyword is None
+                    )
+                ):
+                    continue
+                always = any(
+                    a.keyword is not None
+                    and a.keyword.value == "always"
+                    and isinstance(a.value, cst.Name)
+                    and a.value.value == "True"
+                    for a in call.args
+                )
+                if not (always or selectors.validates_defaults(where, config)):
+                    continue
+                ref = self.context.project.method(config, where, method_name)
+                if ref is None:
+                    continue
+                validator_call = cst.Call(
+                    func=cst.Name(method_name), args=[cst.Arg(cst.Name("value"))]
+                )
+                value = self.inline(ref, validator_call, evaluated=[default])
+                if isinstance(value, Py) and isinstance(value.value, str):
+                    default = Py(value.value, default.source)
+        return default
+
+    def post_init_setting(self, config: ClassInfo, where: ModuleInfo, name: str, default: Py) -> Py:
         """``self.kl_estimator = _KL_ALIASES[self.kl_estimator.strip().lower()]``
         in the config class's ``__post_init__``: the setting it normalises,
         evaluated on the defaults of the fields."""
-        found = selectors.settings_class(
-            self.context.project, self.module, self.function_node, self.cls, base
-        )
-        hook = found[0].methods.get("__post_init__") if found is not None else None
-        if found is None or hook is None or not isinstance(hook.body, cst.IndentedBlock):
+        hook = config.methods.get("__post_init__")
+        if hook is None or not isinstance(hook.body, cst.IndentedBlock):
             return default
         assigned = _init_assignments(hook).get(name, [])
         if len(assigned) != 1 or name in _branch_assignments(hook):
             return default
         fields: dict[str, Value] = {
             field: Py(value, default.source)
-            for field, value in selectors.field_literals(found[0]).items()
+            for field, value in selectors.field_literals(config).items()
         }
         fields[name] = default
         saved = self.env, self.function_node, self.module
-        self.env, self.function_node, self.module = {"self": DictVal(fields)}, hook, found[1]
+        self.env, self.function_node, self.module = {"self": DictVal(fields)}, hook, where
         try:
             for local, value in _init_locals(hook, _names_in(assigned[0]), known={"self"}):
                 self.env[local] = self.eval(value)

@@ -194,6 +194,9 @@ def _ast_fields(text: str) -> list[ClassField]:
                 given = value.args[0] if value.args else None
                 value = next((k.value for k in value.keywords if k.arg == "default"), given)
                 default = literal(value)
+                if default is None and isinstance(factory, ast.Lambda):
+                    # ``default_factory=lambda: os.environ.get("KL_ESTIMATOR", "k1")``
+                    default = literal(_environment_fallback(factory.body))
             found.append(
                 ClassField(
                     small.target.id,
@@ -226,6 +229,18 @@ def _ast_fields(text: str) -> list[ClassField]:
                 )
             )
     return found
+
+
+def _environment_fallback(value: ast.expr) -> ast.expr | None:
+    """``os.environ.get("KL_ESTIMATOR", "k1")``, ``os.getenv(...)``: the value
+    a run without that variable gets."""
+    if (
+        isinstance(value, ast.Call)
+        and len(value.args) == 2
+        and ast.unparse(value.func) in ("os.environ.get", "environ.get", "os.getenv", "getenv")
+    ):
+        return value.args[1]
+    return None
 
 
 def _function_like(value: ast.expr) -> bool:

@@ -46,9 +46,16 @@ _SKIP_DIRS = {
     ".mypy_cache",
 }
 _LITERAL = r"(\"[^\"\n]*\"|'[^'\n]*'|True|False|None|-?\d+(?:\.\d+)?)"
+# ``parser.add_argument("--kl-estimator", default="k3")``, and the same option
+# declared for click (``@click.option("--kl-estimator", default="k3")``).
 _ARGPARSE = re.compile(
-    r"add_argument\(\s*(?:\"-\w\"\s*,\s*|'-\w'\s*,\s*)?[\"']--?([\w.-]+)[\"']((?:(?!add_argument).){0,800}?)\)\s*$",
+    r"(?:add_argument|@(?:click\.)?option)\(\s*(?:\"-\w\"\s*,\s*|'-\w'\s*,\s*)?[\"']--?([\w.-]+)[\"']((?:(?!add_argument|@(?:click\.)?option\().){0,800}?)\)\s*$",
     re.DOTALL | re.MULTILINE,
+)
+# ``kl_estimator: str = typer.Option("k3", "--kl-estimator")``: a typer option's
+# default, given first or by keyword.
+_TYPER_OPTION = re.compile(
+    r"\b(\w+)\s*:\s*[^=\n]+?=\s*(?:typer\.)?(?:Option|Argument)\(\s*(?:default\s*=\s*)?" + _LITERAL
 )
 _ARG_DEFAULT = re.compile(r"\bdefault\s*=\s*" + _LITERAL)
 _ARG_DEST = re.compile(r"\bdest\s*=\s*[\"'](\w+)[\"']")
@@ -548,7 +555,16 @@ class Project:
             _scan_dict_configs(text, shown, defaults)
             if "default_factory" in text:
                 _scan_factory_dicts(text, shown, defaults)
-        if "add_argument" in text:
+        if "Option(" in text or "Argument(" in text:
+            line_of = _line_numbers(text)
+            for option in _TYPER_OPTION.finditer(text):
+                defaults.add(
+                    option.group(1),
+                    _literal(option.group(2)),
+                    f"typer, {shown}:{line_of(option.start())}",
+                    "argparse",
+                )
+        if "add_argument" in text or "option(" in text:
             line_of = _line_numbers(text)
             for option in _ARGPARSE.finditer(text):
                 body = option.group(2)
@@ -561,7 +577,7 @@ class Project:
                 defaults.add(
                     key,
                     _literal(default.group(1)),
-                    f"argparse, {shown}:{line_number}",
+                    f"{'argparse' if option.group(0).startswith('add') else 'click'}, {shown}:{line_number}",
                     "argparse",
                 )
         if "Namespace(" in text:

@@ -563,6 +563,11 @@ def _init_parameter(cls: ClassInfo, attr: str) -> str | None:
 _INIT_ASSIGNMENTS: dict[int, tuple[cst.FunctionDef, dict[str, str]]] = {}
 
 
+def validates_defaults(module: ModuleInfo, cls: ClassInfo) -> bool:
+    """A pydantic model that runs its validators on the fields' defaults."""
+    return "validate_default=True" in _class_text(module, cls)
+
+
 def _class_text(module: ModuleInfo, cls: ClassInfo) -> str:
     """The lines of a top-level class: from its header to the next line that
     starts at column 0 with code (the whole file if it cannot be placed)."""
@@ -672,6 +677,21 @@ def settings_class(
     if len(written) < 2 or base.names[: len(written)] != written:
         written = base.names
     return _config_class(project, module, function, cls, written)
+
+
+def declaring_class(
+    module: ModuleInfo, attr: str, value: str | int | bool
+) -> tuple[ClassInfo, ModuleInfo] | None:
+    """The one class of the module whose field ``attr`` defaults to
+    ``value``: where a setting read through a chain kllint does not type
+    (``config.loss.kl.estimator`` handed down) is declared."""
+    found = [
+        cls
+        for cls in module.classes.values()
+        if ("__post_init__" in cls.methods or "validator" in _class_text(module, cls))
+        and _field_default(cls, attr) == value
+    ]
+    return (found[0], module) if len(found) == 1 else None
 
 
 def field_literals(cls: ClassInfo) -> dict[str, str | int]:
