@@ -165,7 +165,15 @@ class Calls(Expressions):
                 or not self.needs_no_parse(imported.module, imported.name, imported.level)
             ):
                 found = self.context.project.class_named(class_called, self.module)
-            if found is not None and (_callable_class(self.context.project, *found) or builds_cls):
+            if found is not None and (
+                _callable_class(self.context.project, *found)
+                or (
+                    builds_cls
+                    # ``return cls(batch["old_log_probs"], ...)`` of a dataclass:
+                    # its fields, as a record built by name is.
+                    and not (_record_class(found[0]) and "__init__" not in found[0].methods)
+                )
+            ):
                 # An nn.Module (called later), or the object a classmethod
                 # factory builds (``return cls(coef=...)``), whose methods run.
                 return self.instantiate(found[0], found[1], call)
@@ -379,10 +387,10 @@ class Calls(Expressions):
                 return result
         if isinstance(receiver, DictVal) and method == "get" and 1 <= len(args) <= 2:
             # ``KL_ALIASES.get(name, name)`` of a selector: the entry, else the fallback.
-            key = self.eval(args[0].value)
-            if isinstance(key, Py) and isinstance(key.value, str):
-                if key.value in receiver.items:
-                    return receiver.items[key.value]
+            looked_up = self.eval(args[0].value)
+            if isinstance(looked_up, Py) and isinstance(looked_up.value, str):
+                if looked_up.value in receiver.items:
+                    return receiver.items[looked_up.value]
                 return self.eval(args[1].value) if len(args) == 2 else Py(None)
         if isinstance(receiver, DictVal) and method == "values" and not args:
             return Seq(list(receiver.items.values()))

@@ -13,7 +13,14 @@ import libcst as cst
 from kllint.analysis import ir, lowering, roles, selectors
 from kllint.analysis.frame import Frame
 from kllint.analysis.ir import Role
-from kllint.analysis.module import ClassInfo, ModuleInfo, decorator_names, dotted_name, unparsed
+from kllint.analysis.module import (
+    ClassInfo,
+    ImportedName,
+    ModuleInfo,
+    decorator_names,
+    dotted_name,
+    unparsed,
+)
 from kllint.analysis.syntax import (
     children,
     code,
@@ -433,7 +440,50 @@ class Expressions(Frame):
                     if not isinstance(constant, cst.Name)
                     else Unknown(name, (name,))
                 )
+        if self.module.star_imports and self.star_imported(name):
+            return self.lookup(name)
         return Unknown(name, (name,))
+
+    def read_property(self, method: FuncRef, expr: cst.BaseExpression) -> Value:
+        """``kl_term.mse``: the property's method, run where it is read."""
+        call = cst.Call(func=expr)
+        self.property_reads[id(call)] = (call, expr)
+        try:
+            return self.inline(method, call)
+        finally:
+            del self.property_reads[id(call)]
+
+    def module_setting(self, dotted: str, attr: str) -> Py | None:
+        """A module constant that is a string setting (``KL_ESTIMATOR = "k3"``,
+        or read from the environment with a fallback), of the module
+        ``dotted`` names as this one imports it."""
+        level = len(dotted) - len(dotted.lstrip("."))
+        target = self.context.project.resolve_module(dotted.lstrip("."), self.module.path, level)
+        constant = target.constants.get(attr) if target is not None else None
+        if target is None or not (
+            isinstance(constant, (cst.SimpleString, cst.ConcatenatedString))
+            or (isinstance(constant, cst.Call) and selectors.read_with_a_default(constant))
+        ):
+            return None
+        saved = self.module
+        self.module = target
+        try:
+            value = self.eval_constant(constant)
+        finally:
+            self.module = saved
+        return value if isinstance(value, Py) and isinstance(value.value, str) else None
+
+    def star_imported(self, name: str) -> bool:
+        """``per_token_kl`` taken by ``from .kl import *``: recorded as an
+        import of that name from the module that defines it."""
+        for star in self.module.star_imports:
+            source = self.context.project.resolve_module(star.module, self.module.path, star.level)
+            if source is not None and (
+                name in source.functions or name in source.classes or name in source.constants
+            ):
+                self.module.imports[name] = ImportedName(star.module, name, star.level)
+                return True
+        return False
 
     def function_list(self, constant: cst.Tuple | cst.List) -> bool:
         """Every item a function (a lambda, or one the module defines or
@@ -570,7 +620,7 @@ class Expressions(Frame):
         saved = self.env, self.function_node, self.module
         self.env, self.function_node, self.module = {"self": DictVal(fields)}, hook, where
         try:
-            for local, value in _init_locals(hook, _names_in(assigned[0]), known={"self"}):
+            for local, value in _init_locals(hook, set(_names_in(assigned[0])), known={"self"}):
                 self.env[local] = self.eval(value)
             normalised = self.eval(assigned[0])
         finally:
@@ -593,7 +643,7 @@ class Expressions(Frame):
                 bound_method = replace(method, receiver=base)
                 if not self.may_matter(bound_method, {}):
                     return Unknown(code(expr), (attr,))
-                return self.inline(bound_method, cst.Call(func=expr))
+                return self.read_property(bound_method, expr)
             if method is not None:
                 return replace(method, receiver=base)
             function = self.class_function(base.cls, base.module, attr)
@@ -657,7 +707,7 @@ class Expressions(Frame):
                 if function is not None:
                     return function
             if method is not None and method.is_property:
-                return self.inline(method, cst.Call(func=expr))
+                return self.read_property(method, expr)
             if method is not None:
                 # ``kl_fn = getattr(self, f"_kl_{cfg.kl_loss_type}")``, then
                 # ``kl_fn(logp, ref)``: the method, called where it is called.
@@ -675,6 +725,17 @@ class Expressions(Frame):
             member = selectors.class_constant(self.module, base.class_name, attr)
             if member is not None:
                 return member  # ``KLEstimator.K3``: an Enum member stands for its value
+        if (
+            isinstance(base, Unknown)
+            and base.module is not None
+            and len(base.names) == 1
+            and attr.isupper()
+        ):
+            # ``C.KL_ESTIMATOR`` of ``from . import constants as C``: a setting
+            # of another module of the project.
+            setting = self.module_setting(base.module, attr)
+            if setting is not None:
+                return setting
         if (
             isinstance(base, Unknown)
             and base.module is not None
@@ -1519,6 +1580,13 @@ def _unpacked(
         return [(target, value)]
     if any(isinstance(e, cst.StarredElement) for e in target.elements):
         return []
+    if isinstance(value, (cst.Tuple, cst.List)):
+        # ``self.cfg, self.policy = cfg, policy``: each its own assignment.
+        if len(value.elements) != len(target.elements) or any(
+            isinstance(e, cst.StarredElement) for e in value.elements
+        ):
+            return []
+        return [(t.value, v.value) for t, v in zip(target.elements, value.elements)]
     return [
         (
             element.value,

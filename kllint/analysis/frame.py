@@ -201,6 +201,9 @@ class Frame:
         # Conditions just tested (by node id) on a flag whose settings give a
         # default, with the truth value that default gives them.
         self.flag_defaults: dict[int, bool] = {}
+        # A property read run as a call (``kl_term.mse``): the call kllint
+        # makes for it, by id, with the attribute a finding there points at.
+        self.property_reads: dict[int, tuple[cst.Call, cst.BaseExpression]] = {}
 
     def scope(self) -> Callable[[], dict[str, Value]]:
         """This function's locals as a closure defined here sees them: when

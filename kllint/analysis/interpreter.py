@@ -597,7 +597,10 @@ class Interpreter(Calls):
         # only on the one the defaults do not run is dropped where the one
         # they run is right (see the driver). A flag that turns a term on
         # (``if use_kl_loss:``, with no else or ``kl_loss = zeros(())``) is not one.
-        alternatives = flag is not None and _both_read_the_reference(statement.body.body, else_body)
+        alternatives = flag is not None and (
+            _both_read_the_reference(statement.body.body, else_body)
+            or (not else_body and self.revises_a_kl(statement.body.body))
+        )
 
         def label() -> str:
             condition = self.condition_label(statement.test)
@@ -612,6 +615,19 @@ class Interpreter(Calls):
             label,
             lambda: self.exec_block(statement.body.body),
             lambda: self.exec_block(else_body),
+        )
+
+    def revises_a_kl(self, block: Sequence[cst.CSTNode]) -> bool:
+        """``if kl.future_credit: per_pos_kl = per_pos_kl + later_kl * score``:
+        a flag that revises a KL term the code already holds, rather than
+        turning one on; without it the term is still there, another
+        implementation of the same KL."""
+        return any(
+            sinks.may_hold_kl(self.env[name])
+            for name in _assigned_from_itself(block)
+            # The KL term itself (``per_pos_kl``), not a loss that holds one
+            # among other terms (``loss = loss + beta * kl`` turns a term on).
+            if name in self.env and roles.has_words(name, _KL_TERM_WORDS)
         )
 
     def exec_branch(
@@ -830,6 +846,12 @@ class Interpreter(Calls):
             # ``from .pipeline import compute_rewards`` inside a function (to
             # avoid an import cycle): the name is the project's, as at top level.
             for local, imported in names_imported(small):
+                if local.isupper() and self.module.imports.setdefault(local, imported) == imported:
+                    # ``from .kl import ESTIMATORS``: a table or a setting of the
+                    # project, read as its import at the top of the file is.
+                    self.env.pop(local, None)
+                    self.env[local] = self.lookup(local)
+                    continue
                 self.env[local] = Unknown(local, (local,), module=imported.dotted)
         return False
 
@@ -1341,12 +1363,14 @@ class Interpreter(Calls):
             # is given log-probs (a KL term on its way to a loss): elsewhere the
             # cost of following it buys nothing.
             return Unknown(code(call), (ref.name,), call=True)
-        site = self.call_site or self.origin(call)
+        read = self.property_reads.get(id(call))
+        shown = read[1] if read is not None else call
+        site = self.call_site or self.origin(shown)
         if self.call_site is None:
             site = ir.Origin(
                 self.context.path,
                 helper=helper_label(ref),
-                cst_node=call,
+                cst_node=shown,
                 function=self.root,
                 helper_node=ref.node,
                 reported_by_helper=ref.module.path != self.module.path
@@ -1363,7 +1387,11 @@ class Interpreter(Calls):
         # from several places may be right at one and wrong at another: its
         # findings are placed at the calls.
         of_this_file = ref.module is self.context.module and self.module is self.context.module
-        called_once = _times_called(self.context.calls, ref, call) == 1
+        called_once = (
+            _times_read(self.context.module.source, ref.name) == 1
+            if read is not None
+            else _times_called(self.context.calls, ref, call) == 1
+        )
         called_once_here = (
             self.call_site is None and of_this_file and (called_once or self.dispatched(ref, call))
         )
@@ -1569,6 +1597,10 @@ class Interpreter(Calls):
         if _makes_a_function(ref):
             # ``reduce = make_sample_reducer(masks, n)``: the function it
             # returns is given the KL later (``kl_loss = reduce(kl)``).
+            return True
+        if _builds_a_kl_object(ref):
+            # ``SequenceKL.from_rollout(batch)``: an object whose methods or
+            # properties compute the KL from what the factory stored in it.
             return True
         return roles.may_compute_kl(ref.module, ref.name, ref.cls, self.context.role_patterns)
 
@@ -1878,6 +1910,19 @@ def _per_token_reference(node: ir.Node, *, any_level: bool = False) -> bool:
     )
 
 
+def _builds_a_kl_object(ref: FuncRef) -> bool:
+    """A classmethod factory (``return cls(...)``) of a class with a method
+    that can compute a KL term."""
+    if ref.cls is None:
+        return False
+    names = ref.module.sketch.names(ref.cls.name, ref.name)
+    return (
+        names is not None
+        and "cls" in names.identifiers
+        and bool(roles.methods_that_may_compute_kl(ref.module, ref.cls))
+    )
+
+
 def _makes_a_function(ref: FuncRef) -> bool:
     """Whether ``ref`` mentions a function nested in it (a factory that
     returns a closure), from the file's sketch: no parse."""
@@ -2017,6 +2062,29 @@ def _makes_rewards(ref: FuncRef) -> bool:
     return any(sinks.makes_rewards(name) for name in returned_names(ref.node))
 
 
+_KL_TERM_WORDS = frozenset({"kl", "kld", "divergence"})
+
+
+def _assigned_from_itself(block: Sequence[cst.CSTNode]) -> set[str]:
+    """Names a block reassigns from their own value (``kl = kl + later * score``)."""
+    names: set[str] = set()
+    for statement in block:
+        if not isinstance(statement, cst.SimpleStatementLine):
+            continue
+        for small in statement.body:
+            if (
+                isinstance(small, cst.Assign)
+                and len(small.targets) == 1
+                and isinstance(small.targets[0].target, cst.Name)
+            ):
+                name = small.targets[0].target.value
+                if any(
+                    isinstance(n, cst.Name) and n.value == name for n in descendants(small.value)
+                ):
+                    names.add(name)
+    return names
+
+
 def _both_read_the_reference(body: Sequence[cst.CSTNode], else_body: Sequence[cst.CSTNode]) -> bool:
     def reads(block: Sequence[cst.CSTNode]) -> bool:
         return any(
@@ -2037,6 +2105,13 @@ def _remote_call_of(call: cst.Call, name: str) -> bool:
     return (isinstance(target, cst.Attribute) and target.attr.value == name) or (
         isinstance(target, cst.Name) and target.value == name
     )
+
+
+def _times_read(source: str, name: str) -> int:
+    """How many times the file's code (not its comments) reads an attribute
+    ``name`` (a property)."""
+    code_only = re.sub(r"#[^\n]*", "", source)
+    return len(re.findall(rf"\.{re.escape(name)}\b(?!\s*[(=])", code_only))
 
 
 def _times_called(calls: Counter[str], ref: FuncRef, call: cst.Call) -> int:

@@ -74,6 +74,9 @@ class ClassField:
     function_like: bool = False
     # ``beta: float = 1.0``: the number, for a comparison that picks a mode.
     number: float | None = None
+    # ``kl: KLConfig = field(default_factory=lambda: KLConfig(kl_loss_type="low_var_kl"))``:
+    # the nested object's settings the factory gives instead of its class's defaults.
+    overrides: tuple[tuple[str, str | int], ...] = ()
 
 
 class ClassInfo:
@@ -185,12 +188,21 @@ def _ast_fields(text: str) -> list[ClassField]:
         if isinstance(small, ast.AnnAssign) and isinstance(small.target, ast.Name):
             value = small.value
             default = None
+            overrides: tuple[tuple[str, str | int], ...] = ()
             nested = _class_named(small.annotation)
             if isinstance(value, ast.Call) and ast.unparse(value.func) in _FIELD_CALLS:
                 factory = next(
                     (k.value for k in value.keywords if k.arg == "default_factory"), None
                 )
                 nested = nested or _class_named(factory)
+                built = factory.body if isinstance(factory, ast.Lambda) else None
+                if isinstance(built, ast.Call) and _class_named(built.func):
+                    nested = nested or _class_named(built.func)
+                    overrides = tuple(
+                        (k.arg, given_literal)
+                        for k in built.keywords
+                        if k.arg is not None and (given_literal := literal(k.value)) is not None
+                    )
                 given = value.args[0] if value.args else None
                 value = next((k.value for k in value.keywords if k.arg == "default"), given)
                 default = literal(value)
@@ -211,6 +223,7 @@ def _ast_fields(text: str) -> list[ClassField]:
                     flag(value),
                     nested,
                     number=number(value),
+                    overrides=overrides,
                 )
             )
         elif (
@@ -346,6 +359,8 @@ class ModuleInfo:
         self.functions: dict[str, cst.FunctionDef] = {}
         self.classes: dict[str, ClassInfo] = {}
         self.imports: dict[str, ImportedName] = {}
+        # ``from .kl import *``: modules whose public names this one takes.
+        self.star_imports: list[ImportedName] = []
         self.constants: dict[str, cst.BaseExpression] = {}
         if module is not None:
             self._collect(module.body)
@@ -480,6 +495,9 @@ class ModuleInfo:
                     self.imports[head] = ImportedName(head, None)
         elif isinstance(small, cst.ImportFrom):
             self.imports.update(names_imported(small))
+            if isinstance(small.names, cst.ImportStar):
+                module = dotted_name(small.module) if small.module is not None else ""
+                self.star_imports.append(ImportedName(module or "", None, len(small.relative)))
         elif isinstance(small, cst.Assign) and len(small.targets) == 1:
             target = small.targets[0].target
             if isinstance(target, cst.Name):
@@ -832,6 +850,9 @@ class _Pieces:
             elif isinstance(statement, ast.ImportFrom):
                 for alias in statement.names:
                     if alias.name == "*":
+                        info.star_imports.append(
+                            ImportedName(statement.module or "", None, statement.level)
+                        )
                         break
                     info.imports[alias.asname or alias.name] = ImportedName(
                         statement.module or "", alias.name, statement.level

@@ -301,13 +301,7 @@ def config_default(
     # A nested settings object read by the chain written
     # (``algo = self.cfg.algorithm``; ``algo.kl_estimator_type``), not by
     # the name it was also given.
-    written = (
-        tuple(base.text.split("."))
-        if len(base.names) > 2 and "." in base.text and _DOTTED.fullmatch(base.text)
-        else ()
-    )
-    if len(written) < 2 or base.names[: len(written)] != written:
-        written = base.names
+    written = _chain(base)
     typed = typed_default(project, module, function, cls, written, attr, index=index)
     if typed is not None:
         # A YAML file of the package that sets the key is the run's
@@ -368,6 +362,21 @@ def config_default(
     return Py(
         defaults[0].value, source="; ".join(sources[:2]) + (" ..." if len(sources) > 2 else "")
     )
+
+
+def _chain(base: Unknown) -> tuple[str, ...]:
+    """The attribute chain a settings object is read by: the chain written
+    (``algo = self.cfg.algorithm``; ``algo.kl_estimator_type``), not the name
+    it was also given, and an alias's names replaced by what it stands for
+    (``cfg = self.config``; ``cfg.kl_loss``: ``self.config.kl_loss``)."""
+    written = tuple(base.text.split(".")) if _DOTTED.fullmatch(base.text) else ()
+    if len(base.names) > 2 and len(written) >= 2 and base.names[: len(written)] == written:
+        return written
+    if len(written) >= 2 and written[0] in base.names[1:]:
+        alias = base.names.index(written[0], 1)
+        if base.names[alias + 1 :] == written[1:]:
+            return (*base.names[:alias], *written[1:])
+    return base.names
 
 
 def package_default(project: Project, fs_path: Path, key: str) -> Py | None:
@@ -611,7 +620,8 @@ def typed_default(
     if found is None:
         return None
     config_class, where = found
-    literal = _field_default(config_class, attr)
+    overridden = dict(_factory_overrides(project, module, function, cls, names)).get(attr)
+    literal = overridden if overridden is not None else _field_default(config_class, attr)
     # An Enum-typed field (``kl_type: KLType = KLType.K3_RTG``) chooses among
     # members: an ``IntEnum`` member's int is a selector's value.
     choices = literal is None and any(
@@ -669,13 +679,7 @@ def settings_class(
     ``self.args`` of an ``args: KLGRPOConfig``), as ``config_default`` finds it."""
     if base.call or base.module is not None:
         return None
-    written = (
-        tuple(base.text.split("."))
-        if len(base.names) > 2 and "." in base.text and _DOTTED.fullmatch(base.text)
-        else ()
-    )
-    if len(written) < 2 or base.names[: len(written)] != written:
-        written = base.names
+    written = _chain(base)
     return _config_class(project, module, function, cls, written)
 
 
@@ -737,6 +741,24 @@ def _config_class(
         inner = next((f.config_class for f in found[0].fields if f.name == name), None)
         found = project.class_named(inner, found[1]) if inner is not None else None
     return found
+
+
+def _factory_overrides(
+    project: Project,
+    module: ModuleInfo,
+    function: cst.FunctionDef | None,
+    cls: ClassInfo | None,
+    names: tuple[str, ...],
+) -> tuple[tuple[str, str | int], ...]:
+    """``cfg.kl_loss`` held in ``kl_loss: KLLossConfig = field(default_factory=
+    lambda: KLLossConfig(kl_loss_type="low_var_kl"))``: the settings the
+    factory builds the nested object with."""
+    if len(names) < 2:
+        return ()
+    outer = _config_class(project, module, function, cls, names[:-1])
+    if outer is None:
+        return ()
+    return next((f.overrides for f in outer[0].fields if f.name == names[-1]), ())
 
 
 def _field_default(cls: ClassInfo, attr: str) -> str | int | None:
