@@ -386,6 +386,11 @@ class Interpreter(Calls):
         if not carried:
             return
         scans: dict[int, ir.Node] = {}
+        # The nodes ``scans`` is keyed by, kept alive while it is used: a
+        # step replaced in the environment by its scan would be freed, and
+        # its id reused by the next carried value's nodes (one running sum
+        # then read as another's).
+        keyed: list[ir.Node] = []
         reverse = direction == "reverse"
         index = (
             statement.target.value
@@ -422,6 +427,7 @@ class Interpreter(Calls):
                 # then ``ret = ret * mask[:, t]``) holds this step's term once.
                 scans.setdefault(id(placeholder), _next_step(scan, added, discount))
                 scans[id(step)] = scan  # what was appended each step is the scan itself
+                keyed.extend((placeholder, step))
                 return scan
             return None
 
