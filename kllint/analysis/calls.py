@@ -144,7 +144,11 @@ class Calls(Expressions):
         class_called: str | None = None
         if isinstance(callee, Unknown):
             class_called = (
-                called if called[:1].isupper() else callee.class_name if builds_cls else None
+                called
+                if called.lstrip("_")[:1].isupper()
+                else callee.class_name
+                if builds_cls
+                else None
             )
             if (
                 class_called is None
@@ -1403,6 +1407,17 @@ class Calls(Expressions):
         if credited is not None:
             return credited
         key = _string_key(args)
+        if (
+            key is None
+            and method == "get"
+            and len(args) == 1
+            and isinstance(args[0].value, cst.Attribute)
+        ):
+            # ``td.get(self.tensor_keys.sample_log_prob)``: a key held in a
+            # settings object of string fields (TorchRL's ``_AcceptedKeys``).
+            named = self.eval(args[0].value)
+            if isinstance(named, Py) and isinstance(named.value, str):
+                key = named.value
         if method in ("get", "pop") and key is not None and len(args) == 1:
             # ``rollout_data.get("ref_log_probs")`` reads an entry as a subscript
             # does. With a default (``data.get("logprobs", curr_logprobs)``) it
@@ -1586,8 +1601,14 @@ def _rejoined(pieces: Value) -> Value | None:
     opaque. A list each branch filled its own way (the returns of
     ``gamma == 1.0`` or of a discounted loop) is rejoined on each."""
     if isinstance(pieces, Choice):
-        joined = [(label, _rejoined(option)) for label, option in pieces.options]
-        if all(whole is not None for _, whole in joined):
+        # A list some path appended to (``if beta > 0: kl_terms.append(...)``):
+        # a path that left it empty cannot concatenate it, so it does not reach here.
+        joined = [
+            (label, _rejoined(option))
+            for label, option in pieces.options
+            if not (isinstance(option, Seq) and not option.items)
+        ]
+        if joined and all(whole is not None for _, whole in joined):
             return choice(joined)  # type: ignore[arg-type]
         return None
     if (

@@ -389,22 +389,7 @@ class Expressions(Frame):
         if name in self.module.classes:
             return Unknown(name, (name,), module=None, class_name=name)
         if name in self.module.imports:
-            # ``DEFAULT_KL_REDUCTION`` from the package's constants module: named
-            # as a constant, so that the many imported modules and functions a
-            # trainer names are not loaded for it.
-            constant = (
-                self.context.project.imported_constant(name, self.module)
-                if name.isupper()
-                else None
-            )
-            if constant is not None:
-                return self.eval(constant)
-            table = (
-                self.context.project.imported_table(name, self.module) if name.isupper() else None
-            )
-            if table is not None:
-                return self.imported_dispatch(*table)
-            return Unknown(name, (name,), module=self.module.imports[name].dotted)
+            return self.imported(name, self.module.imports[name])
         if name in self.module.constants:
             constant = self.module.constants[name]
             if isinstance(constant, (cst.Dict, cst.DictComp, cst.Lambda)):
@@ -440,8 +425,9 @@ class Expressions(Frame):
                     if not isinstance(constant, cst.Name)
                     else Unknown(name, (name,))
                 )
-        if self.module.star_imports and self.star_imported(name):
-            return self.lookup(name)
+        star = self.star_imported(name) if self.module.star_imports else None
+        if star is not None:
+            return self.imported(name, star)
         return Unknown(name, (name,))
 
     def read_property(self, method: FuncRef, expr: cst.BaseExpression) -> Value:
@@ -473,17 +459,32 @@ class Expressions(Frame):
             self.module = saved
         return value if isinstance(value, Py) and isinstance(value.value, str) else None
 
-    def star_imported(self, name: str) -> bool:
-        """``per_token_kl`` taken by ``from .kl import *``: recorded as an
-        import of that name from the module that defines it."""
+    def imported(self, name: str, imported: ImportedName) -> Value:
+        """A name ``from x import name`` gives (at the top of the file or in a
+        function): ``DEFAULT_KL_REDUCTION`` from the package's constants
+        module, named as a constant, so that the many imported modules and
+        functions a trainer names are not loaded for it; a table of functions."""
+        project = self.context.project
+        constant = (
+            project.imported_constant(name, self.module, imported) if name.isupper() else None
+        )
+        if constant is not None:
+            return self.eval(constant)
+        table = project.imported_table(name, self.module, imported) if name.isupper() else None
+        if table is not None:
+            return self.imported_dispatch(*table)
+        return Unknown(name, (name,), module=imported.dotted)
+
+    def star_imported(self, name: str) -> ImportedName | None:
+        """``per_token_kl`` taken by ``from .kl import *``: an import of that
+        name from the module that defines it."""
         for star in self.module.star_imports:
             source = self.context.project.resolve_module(star.module, self.module.path, star.level)
             if source is not None and (
                 name in source.functions or name in source.classes or name in source.constants
             ):
-                self.module.imports[name] = ImportedName(star.module, name, star.level)
-                return True
-        return False
+                return ImportedName(star.module, name, star.level)
+        return None
 
     def function_list(self, constant: cst.Tuple | cst.List) -> bool:
         """Every item a function (a lambda, or one the module defines or
@@ -655,6 +656,10 @@ class Expressions(Frame):
                 setting = self.setting_in_init(attr)
                 if setting is not None:
                     return setting
+                # ``self.tensor_keys = _AcceptedKeys()``: an object ``__init__`` builds.
+                built = self.built_in_init(attr)
+                if built is not None:
+                    return built
             constant = selectors.class_setting(self.context.project, base.cls, base.module, attr)
             if constant is not None:
                 # ``self.level`` of a ``class SequenceK3(K3, level="sequence")``
@@ -942,10 +947,24 @@ class Expressions(Frame):
             (made,) = self.eval_in_init(init, [call])
             return made if isinstance(made, Instance) else None
         found = self.class_built(init, call.func)
-        if found is None or not any(
+        if found is None:
+            return None
+        if not any(
             self.context.project.method(found[0], found[1], name) is not None
             for name in ("forward", "__call__")
         ):
+            if not all(selectors.is_selector_literal(a.value) for a in call.args):
+                return None
+            # ``self.tensor_keys = _AcceptedKeys()``: a record of settings
+            # (TorchRL's key names), each field what its literal says.
+            (made,) = self.eval_in_init(init, [call])
+            if (
+                isinstance(made, Instance)
+                and made.cls is found[0]
+                and made.attrs
+                and all(isinstance(v, Py) for v in made.attrs.values())
+            ):
+                return made
             return None
         # Literals, settings, and parameters of ``__init__`` (a temperature)
         # kllint cannot read: nothing that carries a KL term.
@@ -988,7 +1007,7 @@ class Expressions(Frame):
         """The class of the project ``__init__`` builds: named
         (``KLLoss(...)``) or picked from a registry by a setting
         (``KL_MODULES[cfg.kl_estimator]()``, the setting's default read)."""
-        if isinstance(func, cst.Name) and func.value[:1].isupper():
+        if isinstance(func, cst.Name) and func.value.lstrip("_")[:1].isupper():
             return self.context.project.class_named(func.value, self.module)
         if not (
             isinstance(func, cst.Subscript)
@@ -1195,6 +1214,8 @@ class Expressions(Frame):
                 key_value = self.index_default(index.value) or key_value
         held = dict_key(key_value.value) if isinstance(key_value, Py) else None
         if isinstance(base, DictVal) and held is not None:
+            if held not in base.items:
+                self.missing_keys += 1
             return base.items.get(held, Unknown(code(expr), (str(shown_key(held)),)))
         if (
             isinstance(base, DictVal)

@@ -204,6 +204,10 @@ class Frame:
         # A property read run as a call (``kl_term.mse``): the call kllint
         # makes for it, by id, with the attribute a finding there points at.
         self.property_reads: dict[int, tuple[cst.Call, cst.BaseExpression]] = {}
+        # Lookups of a key a dict written out in the code does not hold
+        # (``KL_PENALTIES["k2"]``): a ``try`` that catches ``KeyError`` runs
+        # its handler.
+        self.missing_keys = 0
 
     def scope(self) -> Callable[[], dict[str, Value]]:
         """This function's locals as a closure defined here sees them: when

@@ -287,10 +287,17 @@ class Interpreter(Calls):
                         self.env[name] = roles.as_reference(name, self.env[name])
             return done
         if isinstance(statement, cst.Try):
+            env, returns, missing = dict(self.env), len(self.returns), self.missing_keys
             done = self.exec_block(statement.body.body)
+            handler = _key_error_handler(statement) if self.missing_keys > missing else None
+            if handler is not None:
+                # ``try: return KL_PENALTIES[name]`` with a name the table does
+                # not hold, ``except KeyError: return _low_var_kl``: the fallback.
+                self.env, self.returns[returns:] = env, []
+                done = self.exec_block(handler.body.body)
             if statement.finalbody is not None:
                 self.exec_block(statement.finalbody.body.body)
-            return done and not statement.handlers
+            return done and (handler is not None or not statement.handlers)
         if isinstance(statement, cst.FunctionDef):
             scope = self.scope()
             if self.depth == 0:
@@ -851,14 +858,10 @@ class Interpreter(Calls):
         elif isinstance(small, cst.ImportFrom):
             # ``from .pipeline import compute_rewards`` inside a function (to
             # avoid an import cycle): the name is the project's, as at top level.
+            # ``from .kl import ESTIMATORS``: a table or a setting of the
+            # project, read as its import at the top of the file is.
             for local, imported in names_imported(small):
-                if local.isupper() and self.module.imports.setdefault(local, imported) == imported:
-                    # ``from .kl import ESTIMATORS``: a table or a setting of the
-                    # project, read as its import at the top of the file is.
-                    self.env.pop(local, None)
-                    self.env[local] = self.lookup(local)
-                    continue
-                self.env[local] = Unknown(local, (local,), module=imported.dotted)
+                self.env[local] = self.imported(local, imported)
         return False
 
     def loss_sink_from_return(self, node: cst.Return, value: Value) -> None:
@@ -2066,6 +2069,22 @@ def _makes_rewards(ref: FuncRef) -> bool:
     elif sinks.makes_rewards(ref.name):
         return True
     return any(sinks.makes_rewards(name) for name in returned_names(ref.node))
+
+
+def _key_error_handler(statement: cst.Try) -> cst.ExceptHandler | None:
+    """The handler of ``except KeyError:`` (or ``(KeyError, ...)``)."""
+    for handler in statement.handlers:
+        caught = handler.type
+        names = (
+            [e.value for e in caught.elements]
+            if isinstance(caught, cst.Tuple)
+            else [caught]
+            if caught is not None
+            else []
+        )
+        if any(isinstance(n, cst.Name) and n.value == "KeyError" for n in names):
+            return handler
+    return None
 
 
 _KL_TERM_WORDS = frozenset({"kl", "kld", "divergence"})

@@ -26,6 +26,7 @@ from kllint.analysis import callers, library
 from kllint.analysis.module import (
     TRIPLE_QUOTED,
     ClassInfo,
+    ImportedName,
     ModuleInfo,
     Sketch,
     block_end,
@@ -331,20 +332,25 @@ class Project:
             return found[0].classes[found[1]], found[0]
         return None
 
-    def imported_constant(self, name: str, module: ModuleInfo) -> cst.BaseExpression | None:
+    def imported_constant(
+        self, name: str, module: ModuleInfo, imported: ImportedName | None = None
+    ) -> cst.BaseExpression | None:
         """A literal constant of the project a module imports by name
-        (``from .constants import DEFAULT_KL_REDUCTION``): its value's node."""
-        found = self._imported_from(name, module)
+        (``from .constants import DEFAULT_KL_REDUCTION``): its value's node.
+        ``imported``: an import written inside a function, not in the module's table."""
+        found = self._imported_from(name, module, imported)
         constant = found[0].constants.get(found[1]) if found is not None else None
         if isinstance(constant, (cst.SimpleString, cst.ConcatenatedString, cst.Integer)):
             return constant
         return None
 
-    def imported_table(self, name: str, module: ModuleInfo) -> tuple[cst.Dict, ModuleInfo] | None:
+    def imported_table(
+        self, name: str, module: ModuleInfo, imported: ImportedName | None = None
+    ) -> tuple[cst.Dict, ModuleInfo] | None:
         """A dispatch table of the project another module imports (``from
         .estimators import KL_REWARDS``, filled by a decorator there): its
         dict literal and the module its functions are in."""
-        found = self._imported_from(name, module)
+        found = self._imported_from(name, module, imported)
         if found is not None and found[1] not in found[0].constants:
             # ``from . import KL_FNS`` with ``from .kl import KL_FNS`` in the
             # package's ``__init__``: one re-export followed.
@@ -354,9 +360,11 @@ class Project:
             return constant, found[0]
         return None
 
-    def _imported_from(self, name: str, module: ModuleInfo) -> tuple[ModuleInfo, str] | None:
+    def _imported_from(
+        self, name: str, module: ModuleInfo, imported: ImportedName | None = None
+    ) -> tuple[ModuleInfo, str] | None:
         """The project module ``from x import name`` reads, and the name there."""
-        imported = module.imports.get(name)
+        imported = imported or module.imports.get(name)
         if imported is None or imported.name is None:
             return None
         target = self.resolve_module(imported.module, module.path, imported.level)

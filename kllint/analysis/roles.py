@@ -319,7 +319,7 @@ class RolePatterns:
             return None if terse is Role.POLICY_LOGP else terse
         if has_words(name, REFERENCE_WORDS):
             return Role.REFERENCE_LOGP
-        if has_words(name, OLD_WORDS):
+        if has_words(name, OLD_WORDS) or words(name)[:3] in _STORED_SAMPLE_LOG_PROB:
             return Role.OLD_LOGP
         return None
 
@@ -329,6 +329,11 @@ class RolePatterns:
         return any(
             self.role_from_words(n) is Role.REFERENCE_LOGP for n in names if n != "from_pretrained"
         )
+
+
+# TorchRL's ``"sample_log_prob"`` key: the log-probs the collector stored
+# with each sampled action, the behaviour policy's.
+_STORED_SAMPLE_LOG_PROB = (["sample", "log", "prob"], ["sample", "log", "probs"])
 
 
 def level_of(name: str) -> Level:
@@ -569,6 +574,14 @@ def _logprob_evidence(
             and unknown.reference_model
         ):
             role = Role.REFERENCE_LOGP
+        if (
+            role is Role.POLICY_LOGP
+            and patterns.role_from_words(target) is None
+            and not unknown.call
+            and any(words(n)[:3] in _STORED_SAMPLE_LOG_PROB for n in unknown.names)
+        ):
+            # ``sample_lp = td.get("sample_log_prob")``: the key says what it holds.
+            role = Role.OLD_LOGP
     if role is not None:
         return role, name, prob
     source = [n for n in unknown.names if names_logits(n)]

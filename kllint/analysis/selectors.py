@@ -523,7 +523,7 @@ _TUPLE_TARGETS = re.compile(
 # (``self.kl_fn = KL_MODULES[cfg.kl_estimator]()``, ``KL_LOSSES[lc["kl"]]()``),
 # or by a classmethod factory (``KLPenalty.from_config(args)``).
 _BUILT = re.compile(
-    r"self\.(\w+)\s*=\s*\(?\s*[A-Z]\w*(?:\.\w+)?\s*(?:\[(?:[^\[\]\n]|\[[^\]\n]*\])*\]\s*)?\("
+    r"self\.(\w+)\s*=\s*\(?\s*_*[A-Z]\w*(?:\.\w+)?\s*(?:\[(?:[^\[\]\n]|\[[^\]\n]*\])*\]\s*)?\("
 )
 # ``self.shaper: RewardShaper = KLShaper(...)`` reads as ``self.shaper = KLShaper(...)``.
 _ANNOTATION = re.compile(r"(?m)^([ \t]*self\.\w+)[ \t]*:[^=\n]+=(?!=)")

@@ -24,6 +24,7 @@ from kllint.analysis.gradient import (
     profile,
 )
 from kllint.analysis.ir import Role
+from kllint.analysis.policy_words import names_a_guard
 from kllint.analysis.roles import (
     CURRENT_WORDS,
     KL_TERM_WORDS,
@@ -638,7 +639,7 @@ def _with_gradient(term: ir.Node) -> set[str]:
 
 
 def _estimator_name(focus: ir.Node) -> str:
-    key = ir.gradient_structure(focus)
+    key = _gradient_key(focus)
     if key not in _ESTIMATOR_NAMES:
         _ESTIMATOR_NAMES[key] = estimator_name(focus)
     return _ESTIMATOR_NAMES[key]
@@ -647,13 +648,26 @@ def _estimator_name(focus: ir.Node) -> str:
 _ESTIMATOR_NAMES: dict[tuple[object, ...], str] = {}
 
 
+def _gradient_key(term: ir.Node) -> tuple[object, ...]:
+    """What a term's gradient depends on: its gradient structure, and which
+    of its coefficients are numerical guards (``log(p + eps)``, valued as a
+    tiny number where another coefficient is any number), which the
+    structure, blind to names, does not tell apart."""
+    guards = tuple(
+        i
+        for i, atom in enumerate(term.atoms())
+        if atom.role is Role.COEFFICIENT and names_a_guard(atom.name)
+    )
+    return (ir.gradient_structure(term), guards)
+
+
 def profile_of(term: ir.Node) -> GradientProfile | None:
     """A term's gradient profile, None where it cannot be classified.
     Alternatives of unrelated branches, and the same estimator in another
     function, repeat one gradient: computed once per gradient structure."""
     if ir.depends_on_policy(term) and _opaque_offset(term):
         return None  # (a term without gradient has none whatever the values)
-    key = ir.gradient_structure(term)
+    key = _gradient_key(term)
     if key not in _PROFILES:
         try:
             _PROFILES[key] = profile(term)
