@@ -1411,6 +1411,13 @@ class Interpreter(Calls):
         forms_its_own = (
             called_once_here
             and not any(_log_probs_in(v) for v in bound.values())
+            # A property of an object that holds log-probs (``kl_term.mse``
+            # of a record built from ``batch["old_log_probs"]``) is given them.
+            and not (
+                read is not None
+                and isinstance(ref.receiver, Instance)
+                and any(_log_probs_in(v) for v in ref.receiver.built().values())
+            )
             and not (
                 sinks.steerable(ref.node)
                 and (_picks_with_a_literal(call) or not any(map(_logits, bound.values())))
