@@ -28,7 +28,7 @@ from kllint.analysis.module import (
     ModuleInfo,
     dotted_name,
 )
-from kllint.analysis.project import Project
+from kllint.analysis.project import Project, dotted_module_name
 from kllint.analysis.syntax import assigned_names, chain_names, code, full_code
 from kllint.analysis.values import (
     Choice,
@@ -271,7 +271,11 @@ class Calls(Expressions):
         if name == "getattr" and len(args) >= 2:
             attr = self.eval(args[1].value)
             if isinstance(attr, Py) and isinstance(attr.value, str):
-                value = self.attribute(self.eval(args[0].value), attr.value, call)
+                owner = self.eval(args[0].value)
+                loaded = self.module_member(owner, attr.value)
+                if loaded is not None:
+                    return loaded
+                value = self.attribute(owner, attr.value, call)
                 if len(args) >= 3 and isinstance(value, Unknown):
                     # ``getattr(self.args, "kl_estimator", "k1")``: a setting the
                     # package gives no default takes the fallback written here,
@@ -747,6 +751,8 @@ class Calls(Expressions):
             if not field.annotated:
                 continue
             default = field.literal if field.literal is not None else field.field_default
+            if default is None and field.names_its_module:
+                default = dotted_module_name(module.path)
             if default is not None:
                 instance.attrs[field.name] = Py(default)
             elif field.member is not None:
@@ -827,6 +833,25 @@ class Calls(Expressions):
         if isinstance(result, (list, tuple)):
             # ``spec.partition("@")``, ``name.split(":")``: the pieces, each a selector.
             return Seq([Py(piece, receiver.source) for piece in result])
+        return None
+
+    def module_member(self, owner: Value, name: str) -> Value | None:
+        """``getattr(importlib.import_module("pkg.kl"), "approx_kl_k1")``: the
+        function or class of a module of the project (this one's own names
+        when it loads itself through ``__name__``)."""
+        if not (
+            isinstance(owner, Unknown) and owner.module is not None and owner.text == owner.module
+        ):
+            return None
+        target = self.context.project.resolve_module(owner.module, self.module.path)
+        if target is None:
+            return None
+        if target is self.module or target.path == self.module.path:
+            if name in self.module.functions or name in self.module.classes:
+                return self.lookup(name)
+            return None
+        if name in target.functions:
+            return self.context.project.function_at(f"{owner.module}.{name}", self.module.path)
         return None
 
     def regex_substitution(self, args: list[cst.Arg]) -> Py | None:
@@ -983,6 +1008,14 @@ class Calls(Expressions):
                 applied = self.apply_to_rows(args[0].value, call, list(row.items))
                 if applied is not None:
                     return Seq([applied], appended=True)
+        if module == "importlib" and name == "import_module" and args:
+            # ``importlib.import_module(cfg.kl_module)`` of a module the settings
+            # name: that module, as ``import`` would give it.
+            dotted = self.eval(args[0].value)
+            if isinstance(dotted, Py) and isinstance(dotted.value, str) and dotted.value:
+                return Unknown(
+                    dotted.value, (dotted.value.rpartition(".")[2],), module=dotted.value
+                )
         if module == "ray" and name == "get" and len(args) == 1:
             # ``ray.get(ref)``: what the remote call gave (see ``ray_remote_call``).
             return self.eval(args[0].value)

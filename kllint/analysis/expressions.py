@@ -21,6 +21,7 @@ from kllint.analysis.module import (
     dotted_name,
     unparsed,
 )
+from kllint.analysis.project import dotted_module_name
 from kllint.analysis.syntax import (
     children,
     code,
@@ -384,6 +385,10 @@ class Expressions(Frame):
             return self.env[name]
         if name in ("True", "False", "None"):
             return Py({"True": True, "False": False, "None": None}[name])
+        if name == "__name__":
+            # ``f"{__name__}.LowVarKL"``: a dotted path to this module's class,
+            # loaded at run time (``importlib.import_module``).
+            return Py(dotted_module_name(self.module.path))
         if name in self.module.functions:
             return FuncRef(unparsed(self.module.functions, name), self.module)
         if name in self.module.classes:

@@ -471,6 +471,23 @@ class Interpreter(Calls):
                 not self.context.calls_anywhere(ref.name)
                 and self.module.source.count(f"{ref.name}.remote(") == 1
             )
+        called = (
+            call.func.value
+            if isinstance(call.func, cst.Name)
+            else call.func.attr.value
+            if isinstance(call.func, cst.Attribute)
+            else None
+        )
+        if (
+            called is not None
+            and called != ref.name
+            and ref.name != "lambda"
+            and self.context.calls[called] == 1
+            and not self.context.calls_anywhere(ref.name)
+        ):
+            # ``kl_fn = getattr(importlib.import_module(mod), name)``, then
+            # ``kl_fn(batch)`` once: the function loaded by name is called there.
+            return True
         return (
             isinstance(call.func, cst.Subscript)
             and ref.name != "lambda"  # a lambda is made a function named so
@@ -1614,6 +1631,10 @@ class Interpreter(Calls):
             # ``reduce = make_sample_reducer(masks, n)``: the function it
             # returns is given the KL later (``kl_loss = reduce(kl)``).
             return True
+        if _loads_by_name(ref):
+            # ``resolve_kl_fn(cfg)``: ``getattr(importlib.import_module(...), name)``,
+            # the estimator the settings name, loaded at run time.
+            return True
         if _builds_a_kl_object(ref):
             # ``SequenceKL.from_rollout(batch)``: an object whose methods or
             # properties compute the KL from what the factory stored in it.
@@ -1924,6 +1945,12 @@ def _per_token_reference(node: ir.Node, *, any_level: bool = False) -> bool:
         ),
         stop=lambda n: isinstance(n, ir.Reduce) and n.axis in (ir.Axis.TIME, ir.Axis.ALL),
     )
+
+
+def _loads_by_name(ref: FuncRef) -> bool:
+    """A function that loads a module or looks a name up at run time."""
+    names = ref.module.sketch.names(ref.cls.name if ref.cls is not None else None, ref.name)
+    return names is not None and bool(names.called & {"import_module", "globals"})
 
 
 def _builds_a_kl_object(ref: FuncRef) -> bool:

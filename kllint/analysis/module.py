@@ -77,6 +77,8 @@ class ClassField:
     # ``kl: KLConfig = field(default_factory=lambda: KLConfig(kl_loss_type="low_var_kl"))``:
     # the nested object's settings the factory gives instead of its class's defaults.
     overrides: tuple[tuple[str, str | int], ...] = ()
+    # ``kl_module: str = __name__``: the module's own dotted name.
+    names_its_module: bool = False
 
 
 class ClassInfo:
@@ -224,6 +226,7 @@ def _ast_fields(text: str) -> list[ClassField]:
                     nested,
                     number=number(value),
                     overrides=overrides,
+                    names_its_module=isinstance(value, ast.Name) and value.id == "__name__",
                 )
             )
         elif (

@@ -886,6 +886,14 @@ def _line_numbers(text: str) -> Callable[[int], int]:
     return lambda offset: bisect.bisect_right(starts, offset) + 1
 
 
+def dotted_module_name(path: Path) -> str:
+    """``__name__`` of a module: its path below the directory its package's
+    imports are relative to, dotted (``pkg/losses/kl.py``: ``pkg.losses.kl``)."""
+    relative = path.resolve().relative_to(package_base(path)).with_suffix("")
+    parts = relative.parts[:-1] if relative.name == "__init__" else relative.parts
+    return ".".join(parts)
+
+
 def package_base(path: Path) -> Path:
     """The directory a top-level import of ``path``'s package is relative to."""
     top = _top_package_dir(path)
