@@ -161,8 +161,11 @@ class Expressions(Frame):
         return self.binary(op, left, right, expr)
 
     def eval_condition(self, expr: cst.Comparison | cst.BooleanOperation) -> Value:
-        if isinstance(expr, cst.BooleanOperation):
+        if isinstance(expr, cst.BooleanOperation) and isinstance(expr.left, cst.Name):
             # ``level or "token"`` of a known string: the operand Python returns.
+            # (Of a local name only: evaluating any other left operand here,
+            # then again for the condition, doubles the work at every level
+            # of a chain of ``or``.)
             left = self.eval(expr.left)
             if isinstance(left, Py) and isinstance(left.value, (str, int, float, type(None))):
                 if bool(left.value) == isinstance(expr.operator, cst.Or):
@@ -1071,6 +1074,8 @@ class Expressions(Frame):
             # ``self.kl_estimator = self.args.kl_estimator``: a setting read
             # from another object, asked of only what can pick an estimator.
             or (isinstance(assigned[0], cst.Attribute) and not selectors.names_a_selector(attr))
+            # ``self.kl_level = level or "token"``: of locals and literals only.
+            or (isinstance(assigned[0], cst.BooleanOperation) and "self" in _names_in(assigned[0]))
             or not _reads_only_settings_of_self(assigned[0])
         ):
             return None
