@@ -391,7 +391,7 @@ class Expressions(Frame):
         if name == "__name__":
             # ``f"{__name__}.LowVarKL"``: a dotted path to this module's class,
             # loaded at run time (``importlib.import_module``).
-            return Py(dotted_module_name(self.module.path))
+            return Py(dotted_module_name(self.module.path), MODULE_NAME)
         if name in self.module.functions:
             return FuncRef(unparsed(self.module.functions, name), self.module)
         if name in self.module.classes:
@@ -1782,7 +1782,16 @@ def _mode_defaults(operator: cst.BaseCompOp, left: Value, right: Value) -> tuple
     return left, right
 
 
+# ``__name__`` is this module's dotted name (for ``importlib.import_module``);
+# compared with ``"__main__"`` it stays open: a script's main block runs when
+# the file is run, and that is the code path kllint judges.
+MODULE_NAME = "__name__"
+
+
 def compare(operator: cst.BaseCompOp, left: Value, right: Value) -> bool | None:
+    if any(isinstance(v, Py) and v.source == MODULE_NAME for v in (left, right)):
+        return None
+
     def literal(v: Value) -> tuple[bool, object]:
         if isinstance(v, Py):
             return True, v.value
