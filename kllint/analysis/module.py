@@ -468,10 +468,15 @@ class ModuleInfo:
                         info.methods[item.name.value] = item
                 self.classes[statement.name.value] = info
             elif isinstance(statement, cst.If):
-                # ``if TYPE_CHECKING:`` / version switches: take what both branches define.
-                self._collect(statement.body.body)
+                # ``if TYPE_CHECKING:`` / version switches: take what both branches
+                # define, the branch a current install takes last (it wins).
+                branches = [statement.body.body]
                 if isinstance(statement.orelse, cst.Else):
-                    self._collect(statement.orelse.body.body)
+                    branches.append(statement.orelse.body.body)
+                if _newer_branch_first(cst.Module(body=[]).code_for_node(statement.test)):
+                    branches.reverse()
+                for branch in branches:
+                    self._collect(branch)
             elif isinstance(statement, cst.Try):
                 self._collect(statement.body.body)
                 for handler in statement.handlers:
@@ -777,6 +782,13 @@ def _unpacked(
     ]
 
 
+def _newer_branch_first(test: str) -> bool:
+    """``if TORCH_VERSION >= Version("2.1"):`` (or ``>``): the first branch is
+    what a current install runs, so it is read last and its definitions win
+    over the legacy branch's. Other switches keep their order."""
+    return bool(re.search(r"version", test, re.IGNORECASE)) and bool(re.search(r">=?", test))
+
+
 def _defines_functions(function: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
     return any(
         isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node is not function
@@ -818,15 +830,17 @@ class _Pieces:
                     text=self.text(statement),
                 )
             elif isinstance(statement, ast.If):
-                self.collect(statement.body)
                 orelse = statement.orelse
                 is_elif = (
                     len(orelse) == 1
                     and isinstance(orelse[0], ast.If)
                     and self.lines[orelse[0].lineno - 1].lstrip().startswith("elif")
                 )
-                if not is_elif:
-                    self.collect(orelse)
+                branches = [statement.body] + ([] if is_elif else [orelse])
+                if _newer_branch_first(ast.unparse(statement.test)):
+                    branches.reverse()
+                for branch in branches:
+                    self.collect(branch)
             elif isinstance(statement, ast.Try):
                 self.collect(statement.body)
                 for handler in statement.handlers:
