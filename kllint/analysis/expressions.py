@@ -459,13 +459,19 @@ class Expressions(Frame):
             or (isinstance(constant, cst.Call) and selectors.read_with_a_default(constant))
         ):
             return None
+        value = self.eval_in_module(constant, target, constant=True)
+        return value if isinstance(value, Py) and isinstance(value.value, str) else None
+
+    def eval_in_module(
+        self, expr: cst.BaseExpression, where: ModuleInfo, *, constant: bool = False
+    ) -> Value:
+        """An expression written in another module, read with that module's names."""
         saved = self.module
-        self.module = target
+        self.module = where
         try:
-            value = self.eval_constant(constant)
+            return self.eval_constant(expr) if constant else self.eval(expr)
         finally:
             self.module = saved
-        return value if isinstance(value, Py) and isinstance(value.value, str) else None
 
     def imported(self, name: str, imported: ImportedName) -> Value:
         """A name ``from x import name`` gives (at the top of the file or in a
@@ -822,12 +828,7 @@ class Expressions(Frame):
         if written is None:
             return None
         value, where = written
-        saved = self.module
-        self.module = where
-        try:
-            found = self.eval(value)
-        finally:
-            self.module = saved
+        found = self.eval_in_module(value, where)
         return found if isinstance(found, FuncRef) else None
 
     def _class_function_written(

@@ -657,7 +657,7 @@ class Interpreter(Calls):
             for name in _assigned_from_itself(block)
             # The KL term itself (``per_pos_kl``), not a loss that holds one
             # among other terms (``loss = loss + beta * kl`` turns a term on).
-            if name in self.env and roles.has_words(name, _KL_TERM_WORDS)
+            if name in self.env and roles.has_words(name, roles.KL_WORDS)
         )
 
     def exec_branch(
@@ -2119,9 +2119,6 @@ def _key_error_handler(statement: cst.Try) -> cst.ExceptHandler | None:
         if any(isinstance(n, cst.Name) and n.value == "KeyError" for n in names):
             return handler
     return None
-
-
-_KL_TERM_WORDS = frozenset({"kl", "kld", "divergence"})
 
 
 def _assigned_from_itself(block: Sequence[cst.CSTNode]) -> set[str]:

@@ -247,13 +247,17 @@ def _ast_fields(text: str) -> list[ClassField]:
     return found
 
 
+# Reads of an environment variable with a fallback (the key is the first argument).
+ENVIRONMENT_READS = frozenset({"os.environ.get", "environ.get", "os.getenv", "getenv"})
+
+
 def _environment_fallback(value: ast.expr) -> ast.expr | None:
     """``os.environ.get("KL_ESTIMATOR", "k1")``, ``os.getenv(...)``: the value
     a run without that variable gets."""
     if (
         isinstance(value, ast.Call)
         and len(value.args) == 2
-        and ast.unparse(value.func) in ("os.environ.get", "environ.get", "os.getenv", "getenv")
+        and ast.unparse(value.func) in ENVIRONMENT_READS
     ):
         return value.args[1]
     return None

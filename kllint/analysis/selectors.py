@@ -18,7 +18,7 @@ from pathlib import Path
 import libcst as cst
 
 from kllint.analysis import roles
-from kllint.analysis.module import ClassInfo, ModuleInfo, dotted_name
+from kllint.analysis.module import ENVIRONMENT_READS, ClassInfo, ModuleInfo, dotted_name
 from kllint.analysis.project import Project
 from kllint.analysis.syntax import descendants, full_code, named_params
 from kllint.analysis.values import HIDDEN, Py, Unknown
@@ -130,12 +130,7 @@ _LABELS: dict[tuple[int, bool], tuple[cst.BaseExpression, str]] = {}
 # Settings read with a default written at the read: ``os.environ.get("KL_ESTIMATOR",
 # "k3")``, ``os.getenv(...)`` (the key is the first argument), and
 # ``OmegaConf.select(cfg, "algorithm.kl.type", default="kl")`` (the second).
-_SETTING_READS = {
-    "os.environ.get": (0, "the environment"),
-    "environ.get": (0, "the environment"),
-    "os.getenv": (0, "the environment"),
-    "getenv": (0, "the environment"),
-}
+_SETTING_READS = dict.fromkeys(ENVIRONMENT_READS, (0, "the environment"))
 
 
 def read_with_a_default(call: cst.Call) -> Py | None:
