@@ -141,6 +141,22 @@ def test_the_project_reads_the_index_once_and_records_every_file(tmp_path: Path)
     assert project.backprop_callers(tmp_path / "terms.py", "absent") == []
 
 
+def test_a_script_outside_a_package_is_called_from_the_scripts_beside_it(tmp_path: Path) -> None:
+    # A script in a home or temporary directory: the projects below it are
+    # not its callers, and reading them all made one file take minutes.
+    (tmp_path / "terms.py").write_text("def per_token_terms(x):\n    return x\n")
+    (tmp_path / "train.py").write_text(
+        "from terms import per_token_terms\n\ndef step(x):\n    per_token_terms(x).sum().backward()\n"
+    )
+    elsewhere = tmp_path / "other_project" / "src"
+    elsewhere.mkdir(parents=True)
+    (elsewhere / "run.py").write_text("def run(x):\n    per_token_terms(x).sum().backward()\n")
+    project = Project([tmp_path / "terms.py"])
+    callers = project.backprop_callers(tmp_path / "terms.py", "per_token_terms")
+    assert [c.function for c in callers] == ["step"]
+    assert not any("other_project" in path for path in project.read_paths)
+
+
 def test_a_result_indexed_by_a_setting_is_judged_by_its_caller() -> None:
     # Which of the four estimators reaches the loss depends on the setting:
     # ``estimate_kl`` on its own cannot say, so it is not a loss by itself.

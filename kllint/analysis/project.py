@@ -435,9 +435,13 @@ class Project:
     def backprop_callers(self, importer: Path, name: str) -> list[callers.Caller]:
         """Calls of a function named ``name``, anywhere in the project that
         contains ``importer``, whose result reaches a backward pass."""
-        root = self._scan_root(importer)
+        top = _top_package_dir(importer)
+        root = top or importer.resolve().parent
         if root not in self.scans.backprop:
-            files = list(_python_files(root))
+            # A script outside a package is imported by the scripts beside
+            # it; walking below its directory would read whatever else lies
+            # there (a home or temporary directory holds whole projects).
+            files = list(_python_files(root) if top else _package_files(root, (".py",), depth=0))
             sources = [(path, text) for path in files if (text := self._text(path)) is not None]
             self.scans.backprop[root] = (callers.build_index(sources), files)
         index, files = self.scans.backprop[root]
@@ -464,12 +468,6 @@ class Project:
             return Path(path).read_text(encoding="utf-8", errors="replace")
         except OSError:
             return None
-
-    @staticmethod
-    def _scan_root(importer: Path) -> Path:
-        """The top package holding ``importer`` (its directory for a script
-        outside a package): where its callers are looked for."""
-        return _top_package_dir(importer) or importer.resolve().parent
 
     # ------------------------------------------------------------ defaults
 
@@ -853,14 +851,22 @@ def _python_files(root: Path) -> Iterator[str]:
     return _package_files(root, (".py",))
 
 
-def _package_files(root: Path, suffixes: tuple[str, ...]) -> Iterator[str]:
-    """Every regular file under ``root`` whose name ends with one of
-    ``suffixes``, as its real path, in a stable order. The walk does not
-    follow linked directories, so below the real root only a linked file
-    needs resolving (resolving every path was a second of a cold run on a
-    large package)."""
-    for dirpath, dirnames, filenames in os.walk(root.resolve()):
-        dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS and not d.startswith("."))
+def _package_files(
+    root: Path, suffixes: tuple[str, ...], depth: int | None = None
+) -> Iterator[str]:
+    """Every regular file under ``root`` (at most ``depth`` directories
+    below it) whose name ends with one of ``suffixes``, as its real path, in
+    a stable order. The walk does not follow linked directories, so below
+    the real root only a linked file needs resolving (resolving every path
+    was a second of a cold run on a large package)."""
+    base = root.resolve()
+    for dirpath, dirnames, filenames in os.walk(base):
+        below = len(Path(dirpath).relative_to(base).parts)
+        dirnames[:] = (
+            sorted(d for d in dirnames if d not in _SKIP_DIRS and not d.startswith("."))
+            if depth is None or below < depth
+            else []
+        )
         for filename in sorted(filenames):
             if not filename.endswith(suffixes):
                 continue
