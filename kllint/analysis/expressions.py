@@ -400,6 +400,10 @@ class Expressions(Frame):
             return self.imported(name, self.module.imports[name])
         if name in self.module.constants:
             constant = self.module.constants[name]
+            if name in self.module.configured_globals:
+                # ``KL_LOSS_TYPE = args.kl_loss_type`` in ``configure(args)``:
+                # the setting's default.
+                return self.eval(constant)
             if isinstance(constant, (cst.Dict, cst.DictComp, cst.Lambda)):
                 return self.eval_constant(constant)  # a dispatch table: {"k3": low_var_kl, ...}
             if isinstance(constant, cst.Call) and selectors.read_with_a_default(constant):

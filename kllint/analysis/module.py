@@ -369,10 +369,16 @@ class ModuleInfo:
         # ``from .kl import *``: modules whose public names this one takes.
         self.star_imports: list[ImportedName] = []
         self.constants: dict[str, cst.BaseExpression] = {}
+        # Constants a function sets with ``global`` from its settings.
+        self.configured_globals: set[str] = set()
         if module is not None:
             self._collect(module.body)
             for registry, literal in decorator_registries(source).items():
                 self.constants[registry] = cst.parse_expression(literal)
+            for name, setting in configured_globals(source).items():
+                if name in self.constants:
+                    self.constants[name] = cst.parse_expression(setting)
+                    self.configured_globals.add(name)
 
     @property
     def module(self) -> cst.Module:
@@ -400,6 +406,11 @@ class ModuleInfo:
         for registry, literal in decorator_registries(source, tree).items():
             filled: Any = _Pending(functools.partial(cst.parse_expression, literal))
             info.constants[registry] = filled
+        for name, setting in configured_globals(source, tree).items():
+            if name in info.constants:
+                configured: Any = _Pending(functools.partial(cst.parse_expression, setting))
+                info.constants[name] = configured
+                info.configured_globals.add(name)
         return info
 
     def constructor_defines_functions(self, cls: str) -> bool:
@@ -588,6 +599,51 @@ def outside_tests(source: str) -> str:
         at = block_end(source, len(header.group(1)), header.end())
     kept.append(source[at:])
     return "".join(kept)
+
+
+_GLOBAL_STATEMENT = re.compile(r"^\s+global\s", re.MULTILINE)
+
+
+def configured_globals(source: str, tree: ast.Module | None = None) -> dict[str, str]:
+    """Module constants a function of the module sets from its settings
+    (``def configure(args): global KL_LOSS_TYPE; KL_LOSS_TYPE =
+    args.kl_loss_type``), with the setting each is set to: a script that
+    configures itself so runs with that setting, not the constant's first
+    value."""
+    if _GLOBAL_STATEMENT.search(source) is None:
+        return {}
+    if tree is None:
+        try:
+            tree = ast.parse(source)
+        except SyntaxError:
+            return {}
+    configured: dict[str, str] = {}
+    for statement in tree.body:
+        if not isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        declared = {
+            name
+            for node in ast.walk(statement)
+            if isinstance(node, ast.Global)
+            for name in node.names
+        }
+        for node in ast.walk(statement):
+            if (
+                isinstance(node, ast.Assign)
+                and len(node.targets) == 1
+                and isinstance(node.targets[0], ast.Name)
+                and node.targets[0].id in declared
+                and isinstance(node.value, ast.Attribute)
+                and isinstance(_ast_root(node.value), ast.Name)
+            ):
+                configured[node.targets[0].id] = ast.unparse(node.value)
+    return configured
+
+
+def _ast_root(node: ast.expr) -> ast.expr:
+    while isinstance(node, ast.Attribute):
+        node = node.value
+    return node
 
 
 def decorator_registries(source: str, tree: ast.Module | None = None) -> dict[str, str]:
