@@ -1767,9 +1767,9 @@ def _mode_defaults(operator: cst.BaseCompOp, left: Value, right: Value) -> tuple
     ``beta`` of 0, 1 or a mix), like a string selector, so its default
     decides. Against zero it switches a term off (``if self.beta != 0.0``),
     and ordered it is a threshold: a default there must not hide the term
-    users turn on, so those stay open."""
-    if not isinstance(operator, (cst.Equal, cst.NotEqual)):
-        return left, right
+    users turn on, so those stay open; unless the default turns the term on
+    (``if cfg.kl_discount_factor > 0`` with a default of 1.0): the path a
+    default run takes, which a zero default would leave open."""
 
     def nonzero(v: Value) -> bool:
         number = v.value if isinstance(v, (Py, ir.Const)) else None
@@ -1779,6 +1779,17 @@ def _mode_defaults(operator: cst.BaseCompOp, left: Value, right: Value) -> tuple
         if isinstance(v, ir.Atom) and v.role is Role.COEFFICIENT and v.default is not None:
             return Py(v.default[0], source=v.default[1])
         return v
+
+    if isinstance(operator, (cst.GreaterThan, cst.LessThan)):
+        above = left if isinstance(operator, cst.GreaterThan) else right
+        zero = right if above is left else left
+        if isinstance(zero, (Py, ir.Const)) and zero.value == 0 and not nonzero(zero):
+            positive = default(above)
+            if isinstance(positive, Py) and nonzero(positive) and positive.value > 0:  # type: ignore[operator]
+                return (positive, zero) if above is left else (zero, positive)
+        return left, right
+    if not isinstance(operator, (cst.Equal, cst.NotEqual)):
+        return left, right
 
     if nonzero(right):
         return default(left), right
