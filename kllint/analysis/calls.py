@@ -523,6 +523,14 @@ class Calls(Expressions):
         if not given or any(a.star for a in given):
             return None
         iterated = [self.eval(a.value) for a in given]
+        tuples = _written_tuples(iterated)
+        if tuples is not None:
+            # ``zip(self.weights, (pg_loss, kl_loss))`` of tuples written out:
+            # item by item, each pair its own.
+            if name == "zip":
+                return Seq([Seq(list(items)) for items in tuples])
+            each = [self.apply_to_rows(args[0].value, call, list(items)) for items in tuples]
+            return Seq(each) if all(v is not None for v in each) else None  # type: ignore[arg-type]
         if (
             name == "map"
             and len(iterated) == 1
@@ -1003,6 +1011,18 @@ class Calls(Expressions):
                 return folded
         if module == "itertools" and name == "starmap" and len(args) == 2:
             rows = self.eval(args[1].value)
+            pairs = [r for r in rows.items if isinstance(r, Seq)] if isinstance(rows, Seq) else []
+            if (
+                isinstance(rows, Seq)
+                and not rows.appended
+                and pairs
+                and len(pairs) == len(rows.items)
+                and not any(p.appended for p in pairs)
+            ):
+                # Over pairs written out (``zip(weights, terms)``): each its own.
+                each = [self.apply_to_rows(args[0].value, call, list(p.items)) for p in pairs]
+                if all(v is not None for v in each):
+                    return Seq(each)  # type: ignore[arg-type]
             row = rows.items[0] if isinstance(rows, Seq) and rows.items else None
             if isinstance(row, Seq) and row.items:
                 applied = self.apply_to_rows(args[0].value, call, list(row.items))
@@ -1282,6 +1302,10 @@ class Calls(Expressions):
         ``self.masked_aggregator``, ``sum_of_sample_mean``), so value and
         gradient pass through as a masked mean, and the finding says so.
         Losing the flow must not lose the term."""
+        if isinstance(call.func, cst.Call) and self._given_an_estimator(call.func):
+            # ``compose(mask, token_sum, k2, mean)(log_ratio)``: a function
+            # built from the project's functions may apply an estimator.
+            return None
         estimates = []
         for arg in call.args:
             if arg.star or not _without_calls(arg.value):
@@ -1299,6 +1323,17 @@ class Calls(Expressions):
             "that passes the KL estimate's value and gradient through",
         )
         return self.lift1(estimates[0], lambda n: ir.Reduce("mean", ir.Axis.ALL, n, origin=origin))
+
+    def _given_an_estimator(self, factory: cst.Call) -> bool:
+        """A call given a function of the project (``compose(k2, mask,
+        sum)``): one that may compute a KL estimate of what it is given,
+        whatever its name (``def k2(x): return 0.5 * x.square()``)."""
+        for arg in factory.args:
+            given = self.eval(arg.value)
+            refs = given.items if isinstance(given, Seq) else [given]
+            if any(isinstance(ref, FuncRef) for ref in refs):
+                return True
+        return False
 
     def _assigned_to_a_loss(self) -> bool:
         """The statement being run names its value a loss (``kl_loss = ...``)."""
@@ -1754,6 +1789,19 @@ _OPERATORS = {
     "pow": "pow",
     "neg": "neg",
 }
+
+
+def _written_tuples(iterated: list[Value]) -> list[tuple[Value, ...]] | None:
+    """The items of lists or tuples written out (not rows of a loop), taken
+    together position by position, when all have the same length."""
+    if not iterated or not all(
+        isinstance(v, Seq) and not v.appended and len(v.items) > 1 for v in iterated
+    ):
+        return None
+    lengths = {len(v.items) for v in iterated}  # type: ignore[union-attr]
+    if len(lengths) != 1:
+        return None
+    return list(zip(*(v.items for v in iterated)))  # type: ignore[union-attr]
 
 
 def _lists(expr: cst.BaseExpression) -> bool:

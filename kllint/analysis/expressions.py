@@ -1033,7 +1033,7 @@ class Expressions(Frame):
             return None
         return self.context.project.class_named(picked.class_name, self.module)
 
-    def setting_in_init(self, attr: str) -> Py | ir.Node | FuncRef | None:
+    def setting_in_init(self, attr: str) -> Py | ir.Node | FuncRef | Seq | None:
         """``self.kl_type`` set once, in ``__init__``, from the settings it was
         given, with ``__init__``'s parameters unknown: the selector it reads
         (``KLType(cfg.get("kl_type", KLType.K3))``), a number of the settings
@@ -1056,6 +1056,10 @@ class Expressions(Frame):
             # ``self.gamma = 1.0``: a number the class fixes (a discount, a
             # coefficient), read as written.
             return ir.Const(float(assigned[0].evaluated_value))
+        if len(assigned) == 1 and isinstance(assigned[0], (cst.Tuple, cst.List)):
+            # ``self.weights = (1.0, -self.args.beta)``: coefficients written
+            # out, each with its sign.
+            return _coefficients(assigned[0])
         if len(assigned) == 1 and _undiscounted_by_default(init, attr, assigned[0]):
             # ``self.gamma = gamma`` with ``gamma=1.0`` in the signature: no
             # discount unless a caller asks for one.
@@ -2102,3 +2106,27 @@ def _sum_from_each_step(expr: cst.ListComp | cst.GeneratorExp) -> cst.BaseExpres
         and time.step is None
     )
     return sliced.value if whole_batch and from_step else None
+
+
+def _coefficients(written: cst.Tuple | cst.List) -> Seq | None:
+    """Numbers and settings read off ``self`` (``(1.0, -self.args.beta)``),
+    each a coefficient with its sign; None for anything else."""
+    items: list[Value] = []
+    for element in written.elements:
+        value, negated = element.value, False
+        if isinstance(value, cst.UnaryOperation) and isinstance(value.operator, cst.Minus):
+            value, negated = value.expression, True
+        if isinstance(value, (cst.Float, cst.Integer)):
+            number: ir.Node = ir.Const(float(value.evaluated_value))
+        elif isinstance(value, cst.Attribute) and (dotted_name(value) or "").startswith("self."):
+            number = ir.Atom(Role.COEFFICIENT, code(value))
+        else:
+            return None
+        items.append(ir.neg(number) if negated else number)
+    return Seq(items) if len(items) > 1 else None
+
+
+def _loops(loop: cst.CompFor | None) -> Iterator[cst.CompFor]:
+    while loop is not None:
+        yield loop
+        loop = loop.inner_for_in
