@@ -11,7 +11,7 @@ from dataclasses import replace
 import libcst as cst
 
 from kllint.analysis import ir, library, lowering, roles, selectors, sinks
-from kllint.analysis.expressions import SPLITS, Expressions
+from kllint.analysis.expressions import Expressions
 from kllint.analysis.ir import Role
 from kllint.analysis.lowering import (
     AGGREGATORS,
@@ -19,8 +19,10 @@ from kllint.analysis.lowering import (
     IN_PLACE,
     LOGPROB_OPS,
     MUTATING,
+    SPLITS,
     TENSOR_IDENTITY,
     UNARY,
+    split_tensor,
 )
 from kllint.analysis.module import (
     DIFFERENTIATORS,
@@ -250,7 +252,12 @@ class Calls(Expressions):
         """A call by a plain name that is no function of the project."""
         name = callee.names[-1] if callee.names else callee.text
         if name in ("float", "int") and args:
-            return self.eval(args[0].value)
+            number = self.eval(args[0].value)
+            if isinstance(number, Unknown) and number.call:
+                # ``int(seq_idx.max()) + 1``: a count read off a tensor, a
+                # Python number without a graph.
+                return replace(number, detached=True)
+            return number
         if name == "dict" and not args and call.args:
             # ``dict(advantages=advantages, ...)``: the dict written out.
             return self.written_record(call, ())
@@ -301,6 +308,10 @@ class Calls(Expressions):
             items = self.eval(args[0].value)
             if isinstance(items, Seq):
                 return items
+        if name in ("list", "tuple") and len(args) == 1 and split_tensor(args[0].value):
+            # ``list(torch.split(per_token_loss, seq_lens))``: the pieces,
+            # each what the tensor is.
+            return self.eval(args[0].value)
         if name in ("map", "zip") and args and not kwargs:
             mapped = self.map_rows(name, call, args)
             if mapped is not None:
@@ -479,6 +490,18 @@ class Calls(Expressions):
             # ``(exp(x) - x).sub_(1.0)``: an in-place method on a temporary is
             # its operation; nothing else holds the tensor it changes.
             return self.method_op(IN_PLACE.get(method, method), receiver, args, kwargs, call)
+        if (
+            isinstance(receiver, Seq)
+            and not receiver.appended
+            and receiver.items
+            and all(isinstance(i, (ir.Node, Choice)) for i in receiver.items)
+            and (method in DETACHING or method in TENSOR_IDENTITY)
+        ):
+            # ``torch.stack([kl_sum, token_count]).detach()``: each row's value
+            # (``stats[0]`` reads it back), without its graph.
+            return Seq(
+                [self.method_op(method, item, args, kwargs, call) for item in receiver.items]
+            )
         if (
             isinstance(receiver, ir.Opaque)
             and ir.is_new_constant_tensor(receiver)
@@ -965,6 +988,7 @@ class Calls(Expressions):
             or method in UNARY
             or method in DETACHING
             or method in lowering.ON_RESOLVED
+            or method in SPLITS
         ):
             node = self.resolve(receiver)
             if isinstance(node, ir.Node) and not isinstance(node, ir.Opaque):
@@ -1566,6 +1590,18 @@ def _names_of(expr: cst.BaseExpression) -> list[str] | None:
         return None if left is None or right is None else left + right
     if isinstance(expr, cst.UnaryOperation):
         return _names_of(expr.expression)
+    if (
+        isinstance(expr, cst.Call)
+        and isinstance(expr.func, cst.Attribute)
+        and (
+            expr.func.attr.value in UNARY
+            or expr.func.attr.value in TENSOR_IDENTITY
+            or expr.func.attr.value in lowering.BINARY_METHODS
+        )
+    ):
+        # ``(lp - ref).pow(2)``: element by element, as the arithmetic is.
+        names = [_names_of(expr.func.value), *(_names_of(a.value) for a in expr.args)]
+        return None if any(n is None for n in names) else [n for ns in names for n in ns]  # type: ignore[union-attr]
     return None
 
 

@@ -13,6 +13,7 @@ import libcst as cst
 from kllint.analysis import ir, lowering, roles, selectors
 from kllint.analysis.frame import Frame
 from kllint.analysis.ir import Role
+from kllint.analysis.lowering import split_tensor
 from kllint.analysis.module import (
     ClassInfo,
     ImportedName,
@@ -302,6 +303,7 @@ class Expressions(Frame):
             # lengths]``: rows without a graph, whatever they are named after (a
             # rollout engine's log-probs, a padded mask).
             or _makes_a_new_tensor(expr.elt)
+            or self.slices_a_held_tensor(expr)
         ):
             return Unknown(code(expr), ("comprehension",))
         saved = dict(self.env)
@@ -355,6 +357,25 @@ class Expressions(Frame):
             for node in descendants(element)
         )
 
+    def slices_a_held_tensor(self, expr: cst.ListComp | cst.GeneratorExp) -> bool:
+        """``[values[s:e].sum() for s, e in zip(cu_seqlens[:-1], cu_seqlens[1:])]``:
+        an element that reads a tensor kllint holds (one that may carry a KL
+        term) at positions the loop gives, over boundaries it does not hold."""
+        bound = {
+            n.value
+            for loop in _loops(expr.for_in)
+            for n in descendants(loop.target)
+            if isinstance(n, cst.Name)
+        }
+        return any(
+            isinstance(node, cst.Subscript)
+            and isinstance(node.value, cst.Name)
+            and node.value.value in self.env
+            and node.value.value not in bound
+            and roles.may_carry_kl(self.env[node.value.value])
+            for node in descendants(expr.elt)
+        )
+
     def iterates_tensors(self, iterable: cst.BaseExpression) -> bool:
         """Over rows kllint holds (``logps``, ``zip(logps, ref_logps)``, a list
         of micro-batches): a comprehension over anything else (``range``,
@@ -375,10 +396,14 @@ class Expressions(Frame):
                     and len(length.args) == 1
                     and self.iterates_tensors(length.args[0].value)
                 )
+        if isinstance(iterable, cst.Name):
+            value = self.env.get(iterable.value)
+        elif isinstance(iterable, (cst.Call, cst.Attribute, cst.Subscript)):
+            # ``unpack_sequences(per_token_loss, seq_lens)``,
+            # ``per_token_loss.squeeze(0)``: what the expression holds.
+            value = self.eval(iterable)
+        else:
             return False
-        if not isinstance(iterable, cst.Name):
-            return False
-        value = self.env.get(iterable.value)
         return (isinstance(value, Seq) and bool(value.items)) or (
             isinstance(value, (ir.Node, Choice)) and not isinstance(value, ir.Opaque)
         )
@@ -1934,10 +1959,6 @@ def _reads_only_settings_of_self(expr: cst.BaseExpression) -> bool:
     return True
 
 
-# Splitting a tensor into rows or chunks: each piece is what the tensor is.
-SPLITS = frozenset({"split", "chunk", "unbind", "tensor_split"})
-
-
 def _renamed_log_prob(value: Value, name: str) -> Value:
     """``value`` with its one log-prob atom named ``name``; as it is otherwise."""
     if not isinstance(value, ir.Node):
@@ -1948,35 +1969,6 @@ def _renamed_log_prob(value: Value, name: str) -> Value:
     if len(atoms) != 1:
         return value
     return ir.substitute(value, {id(atoms[0]): replace(atoms[0], name=name)})
-
-
-def split_tensor(iterable: cst.BaseExpression) -> cst.BaseExpression | None:
-    """The tensor ``x.split(lengths)`` or ``torch.split(x, lengths)`` cuts
-    into pieces (``sum_of_sample_mean``'s per-sample rows)."""
-    if not isinstance(iterable, cst.Call) or not isinstance(iterable.func, cst.Attribute):
-        return None
-    if iterable.func.attr.value not in SPLITS:
-        return None
-    receiver = iterable.func.value
-    if isinstance(receiver, cst.Name) and receiver.value == "torch":
-        return iterable.args[0].value if iterable.args else None
-    return receiver
-
-
-def splits_by_length(iterable: cst.BaseExpression) -> bool:
-    """``x.split(response_lengths)``, ``torch.split(x, seqlens, dim=0)``: a packed
-    tensor cut into its responses, not into chunks of rows (``x.split(4)``)."""
-    assert isinstance(iterable, cst.Call)
-    args = iterable.args[1:] if dotted_name(iterable.func) in ("torch.split",) else iterable.args
-    if not args or args[0].keyword is not None:
-        return False
-    sizes = args[0].value
-    name = (dotted_name(sizes) or "").rpartition(".")[2]
-    dims = [a.value for a in args[1:] if a.keyword is None or a.keyword.value == "dim"]
-    along_first = not dims or int_literal(dims[0]) == 0
-    return along_first and any(
-        w in ("lengths", "lens", "seqlens", "len") for w in roles.words(name)
-    )
 
 
 def _normaliser_of(right: cst.BaseExpression, left: cst.BaseExpression) -> bool:

@@ -40,10 +40,11 @@ import libcst as cst
 
 from kllint.analysis import ir, library, lowering, roles, selectors, sinks, sites
 from kllint.analysis.calls import Calls
-from kllint.analysis.expressions import BINOPS, compare, split_tensor, splits_by_length
+from kllint.analysis.expressions import BINOPS, compare
 from kllint.analysis.frame import MAX_DEPTH, FileContext
 from kllint.analysis.gradient import Direction
 from kllint.analysis.ir import Role
+from kllint.analysis.lowering import split_tensor, splits_by_length
 from kllint.analysis.module import (
     CALLED_THROUGH,
     TRIPLE_QUOTED,
@@ -586,6 +587,9 @@ class Interpreter(Calls):
             self.assign(target, value, node)
         elif isinstance(value, Seq) and value.items and isinstance(target, cst.Name):
             self.assign(target, value.items[0], node)
+            if value.sequences:
+                # ``for lp in unpack(packed, lengths)``: one response's tokens.
+                self.sequence_rows.add(target.value)
         elif (
             isinstance(value, Unknown)
             and value.names
@@ -1159,6 +1163,18 @@ class Interpreter(Calls):
                 # ``returns[:, t] = running`` in a reward-to-go loop: the buffer
                 # holds what was written into it, a KL penalty included.
                 self.env[target.value.value] = value
+            elif (
+                key is None
+                and isinstance(container, ir.Node)
+                and (ir.is_new_constant_tensor(container) or isinstance(container, ir.Const))
+                and isinstance(value, (ir.Node, Choice))
+                and roles.may_carry_kl(value)
+            ):
+                # ``out = x.new_zeros(B * T); out[indices] = log_probs_rmpad``:
+                # a packed batch padded back holds its values, without their
+                # graph when written under no_grad.
+                written = self.lift1(value, ir.detach) if self.no_grad else value
+                self.env[target.value.value] = written
             elif (
                 isinstance(container, ir.Node)
                 and isinstance(value, ir.Const)

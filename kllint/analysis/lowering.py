@@ -390,6 +390,58 @@ def _identity(at: TorchCall, receiver: Value, args: Args, kwargs: Kwargs) -> Val
     return receiver
 
 
+# Splitting a tensor into rows or chunks: each piece is what the tensor is.
+SPLITS = frozenset({"split", "chunk", "unbind", "tensor_split"})
+
+
+def split_tensor(iterable: cst.BaseExpression) -> cst.BaseExpression | None:
+    """The tensor ``x.split(lengths)`` or ``torch.split(x, lengths)`` cuts
+    into pieces (``sum_of_sample_mean``'s per-sample rows)."""
+    if not isinstance(iterable, cst.Call) or not isinstance(iterable.func, cst.Attribute):
+        return None
+    if iterable.func.attr.value not in SPLITS:
+        return None
+    receiver = iterable.func.value
+    if isinstance(receiver, cst.Name) and receiver.value == "torch":
+        return iterable.args[0].value if iterable.args else None
+    return receiver
+
+
+def splits_by_length(iterable: cst.BaseExpression) -> bool:
+    """``x.split(response_lengths)``, ``torch.split(x, seqlens, dim=0)``: a packed
+    tensor cut into its responses, not into chunks of rows (``x.split(4)``)."""
+    assert isinstance(iterable, cst.Call)
+    args = iterable.args[1:] if dotted_name(iterable.func) in ("torch.split",) else iterable.args
+    if not args or args[0].keyword is not None:
+        return False
+    sizes = args[0].value
+    name = (dotted_name(sizes) or "").rpartition(".")[2]
+    dims = [a.value for a in args[1:] if a.keyword is None or a.keyword.value == "dim"]
+    along_first = not dims or int_literal(dims[0]) == 0
+    return along_first and any(
+        w in ("lengths", "lens", "seqlens", "len") for w in roles.words(name)
+    )
+
+
+def _pieces(name: str) -> MethodLowering:
+    """``per_token_loss.split(seq_lens)``, ``x.unbind(0)``: pieces along the
+    first axis (samples, or a packed row's responses), each what the tensor
+    is, as a loop over them binds each row. Cut along another axis (time
+    columns, ``x.unbind(-1)``), a fold over the pieces sums over that axis:
+    kllint does not follow it."""
+    position = 0 if name == "unbind" else 1
+
+    def lower(at: TorchCall, receiver: Value, args: Args, kwargs: Kwargs) -> Value:
+        dim = kwargs.get("dim", args[position] if len(args) > position else None)
+        if dim is not None and _float(dim) != 0:
+            return ir.Opaque(f".{name}()")
+        if isinstance(at.node, cst.Call) and splits_by_length(at.node):
+            return Seq([receiver], appended=True, sequences=True)
+        return receiver
+
+    return lower
+
+
 def _detach(at: TorchCall, receiver: Value, args: Args, kwargs: Kwargs) -> Value:
     origin = at.origin
     return at.lift1(receiver, lambda n: ir.detach(n, origin))
@@ -816,6 +868,8 @@ def _method_registry() -> dict[str, MethodLowering]:
         registry[name] = _view
     for name in TENSOR_IDENTITY:
         registry.setdefault(name, _identity)
+    for name in ("split", "chunk", "unbind", "tensor_split"):
+        registry.setdefault(name, _pieces(name))
     for name in DETACHING:
         registry.setdefault(name, _detach)
     for name, op in UNARY.items():
@@ -1180,6 +1234,15 @@ def _stack(at: TorchCall, args: Args, kwargs: Kwargs) -> Value | None:
     return Unknown(at.code, ("stack",), call=True)
 
 
+def _pad_sequence(at: TorchCall, args: Args, kwargs: Kwargs) -> Value | None:
+    """Rows padded into one tensor; the pieces of a packed tensor cut by
+    length (``torch.split(token_rewards, lengths)``) padded back are what
+    the tensor is, each token at its own response's row."""
+    if args and isinstance(args[0], (ir.Node, Choice)) and not isinstance(args[0], ir.Opaque):
+        return args[0]
+    return _stack(at, args, kwargs)
+
+
 def _constant(value: float) -> FunctionLowering:
     return lambda at, args, kwargs: ir.Const(value, origin=at.origin)
 
@@ -1321,7 +1384,7 @@ TORCH_FUNCTIONS: dict[str, FunctionLowering] = {
     "stack": _stack,
     # ``pad_sequence([torch.tensor(r) for r in rows], batch_first=True)``:
     # rows of different lengths stacked, as ``stack`` does.
-    "pad_sequence": _stack,
+    "pad_sequence": _pad_sequence,
     "zeros_like": _constant(0.0),
     "ones_like": _constant(1.0),
     **dict.fromkeys(NEW_TENSORS, _tensor),

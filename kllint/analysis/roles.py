@@ -1033,9 +1033,12 @@ def may_carry_kl(value: Value) -> bool:
     if isinstance(value, Unknown):
         # ``sample.rollout_log_probs``: log-probs read off an object, which a
         # helper may turn into a tensor (with or without a graph).
+        # ``out.action_log_probs``: an attribute of a model's output is
+        # named as a variable is (a call's own name is the function's).
+        named = not value.call or not value.text.endswith(")")
         return bool(
             value.logprob_op
             or value.reference_model
-            or (value.names and not value.call and is_logprob_name(value.names[-1]))
+            or (value.names and named and is_logprob_name(value.names[-1]))
         )
     return False

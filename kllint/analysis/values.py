@@ -49,6 +49,9 @@ class Choice:
 class Seq:
     items: list[Value]
     appended: bool = False  # a list built by ``.append``: one item per row or step
+    # Pieces of a packed tensor cut by length (``x.split(seq_lens)``): each
+    # item one response's tokens, whose one axis is time.
+    sequences: bool = False
 
 
 @dataclass
