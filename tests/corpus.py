@@ -16,4 +16,11 @@ from kllint.findings import Finding
 @cache
 def findings_of(path: Path) -> list[Finding]:
     """What kllint reports on one fixture, analysed with its folder as the project."""
-    return check_source(path.read_text(), str(path), Project([path.parent]), RolePatterns())
+    return check_source(path.read_text(), str(path), _project(path.parent), RolePatterns())
+
+
+@cache
+def _project(folder: Path) -> Project:
+    """One project per folder, as a run over the folder has: what it scans
+    once (callers, defaults, helper modules) serves each of its files."""
+    return Project([folder])
