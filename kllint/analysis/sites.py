@@ -355,7 +355,15 @@ def _split_sum(node: ir.Binary) -> list[ir.Node]:
             and not left_ref
             and (_is_separate_loss(node.left) or _a_reduced_loss(node.left))
         )
-        or (left_ref and right_ref and _is_reduced(node.left) and _is_reduced(node.right))
+        or (
+            left_ref
+            and right_ref
+            and _is_reduced(node.left)
+            and _is_reduced(node.right)
+            # ``returns - returns.mean()`` of summed KL rewards: a baseline,
+            # one advantage with what it is subtracted from.
+            and not (node.op == "sub" and _batch_baseline(node.right))
+        )
         or (not left_ref and not right_ref)
     )
     rights = _split(node.right)
@@ -450,9 +458,18 @@ def _beside_the_kl(other: ir.Node) -> bool:
 
 def _batch_baseline(node: ir.Node) -> bool:
     """A baseline of the batch's (a group's) rewards: without gradient, made
-    by a reduction over the samples."""
+    by a reduction over the samples (``returns.mean()`` of per-sequence
+    returns, summed over time first, is one)."""
     return not ir.depends_on_policy(node) and any(
-        isinstance(n, ir.Reduce) and n.axis is ir.Axis.BATCH for n in node.walk()
+        isinstance(n, ir.Reduce)
+        and (
+            n.axis is ir.Axis.BATCH
+            or (
+                n.axis is ir.Axis.ALL
+                and any(isinstance(m, ir.Reduce) and m.axis is ir.Axis.TIME for m in n.arg.walk())
+            )
+        )
+        for n in node.walk()
     )
 
 
