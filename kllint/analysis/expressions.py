@@ -159,7 +159,28 @@ class Expressions(Frame):
             )
         if log_prob is not None:
             return log_prob
+        if op == "sub" and self.picks_tokens(expr.right):
+            # ``lse - target_logit``: a cross-entropy written by hand (a
+            # vocab-parallel one), the negated log-prob of the sampled token.
+            picked = lowering.normalised_gather(op, right, left)
+            logits = (
+                [n for n in picked.names if roles.names_logits(n)]
+                if isinstance(picked, Unknown)
+                else []
+            )
+            if isinstance(picked, Unknown) and logits:
+                # Named after its logits: no variable names this log-prob.
+                log_prob = self.resolve(replace(picked, distribution=False), logits[-1])
+                return self.lift1(log_prob, lambda n: ir.neg(n, self.origin(expr)))
         return self.binary(op, left, right, expr)
+
+    def picks_tokens(self, expr: cst.BaseExpression) -> bool:
+        """The sampled tokens' entries, picked here or where the local name
+        read here was assigned once (``tgt = logits.gather(-1, ids) * hit``)."""
+        if isinstance(expr, cst.Name) and self.function_node is not None:
+            assigned = _local_assignments(self.function_node).get(expr.value, [])
+            return len(assigned) == 1 and _gathers_tokens(assigned[0])
+        return _gathers_tokens(expr)
 
     def eval_condition(self, expr: cst.Comparison | cst.BooleanOperation) -> Value:
         if isinstance(expr, cst.BooleanOperation) and isinstance(expr.left, cst.Name):
