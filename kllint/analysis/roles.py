@@ -327,8 +327,16 @@ class RolePatterns:
         # Every model is loaded ``from_pretrained``: that says nothing of
         # which policy it is.
         return any(
-            self.role_from_words(n) is Role.REFERENCE_LOGP for n in names if n != "from_pretrained"
+            self.role_from_words(n) is Role.REFERENCE_LOGP
+            for n in names
+            if n != "from_pretrained" and not _names_a_base_class(n)
         )
+
+
+def _names_a_base_class(name: str) -> bool:
+    """``LearnerBase(actor)``, ``BaseTrainer``: a class named by the
+    convention for base classes, not a base (reference) model."""
+    return name[:1].isupper() and set(words(name)) & REFERENCE_WORDS == {"base"}
 
 
 # TorchRL's ``"sample_log_prob"`` key: the log-probs the collector stored
