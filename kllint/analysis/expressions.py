@@ -1079,7 +1079,7 @@ class Expressions(Frame):
             return None
         return self.context.project.class_named(picked.class_name, self.module)
 
-    def setting_in_init(self, attr: str) -> Py | ir.Node | FuncRef | Seq | None:
+    def setting_in_init(self, attr: str) -> Py | ir.Node | FuncRef | Seq | DictVal | None:
         """``self.kl_type`` set once, in ``__init__``, from the settings it was
         given, with ``__init__``'s parameters unknown: the selector it reads
         (``KLType(cfg.get("kl_type", KLType.K3))``), a number of the settings
@@ -1098,6 +1098,11 @@ class Expressions(Frame):
         if init is None:
             return None
         assigned = _init_assignments(init).get(attr, [])
+        if len(assigned) == 1 and _trained_parameter(assigned[0]):
+            # ``self.log_alpha = nn.Parameter(...)``: a dual variable or a
+            # learned coefficient, trained by a loss of its own; its gradient
+            # is not the policy's, and kllint does not follow it.
+            return ir.Opaque(f"self.{attr} (a trained parameter)")
         if len(assigned) == 1 and isinstance(assigned[0], (cst.Float, cst.Integer)):
             # ``self.gamma = 1.0``: a number the class fixes (a discount, a
             # coefficient), read as written.
@@ -1113,6 +1118,10 @@ class Expressions(Frame):
         method = self.method_named_in_init(init, assigned)
         if method is not None:
             return method
+        if len(assigned) == 1:
+            fallback = self.default_settings(init, assigned[0])
+            if fallback is not None:
+                assigned = [fallback]
         if (
             len(assigned) != 1
             or not isinstance(
@@ -1167,7 +1176,50 @@ class Expressions(Frame):
             value = self.context.project.function_at(value.module, self.module.path) or value
         if isinstance(value, FuncRef):
             return value
+        if isinstance(value, DictVal) and isinstance(
+            assigned[0], (cst.Name, cst.Subscript, cst.Attribute)
+        ):
+            # ``self.algo = self.cfg["algorithm"]`` of a settings dict written
+            # in the module: its entries, each a setting with its default.
+            # (Not what a call builds: ``{**DEFAULTS, **user_cfg}`` is more
+            # than kllint holds of it.)
+            return _settings_section(value, f"self.{attr}")
         return None
+
+    def default_settings(
+        self, init: cst.FunctionDef, value: cst.BaseExpression
+    ) -> cst.BaseExpression | None:
+        """``cfg if cfg is not None else DEFAULT_CFG`` with ``cfg=None`` in
+        the signature and no construction in the package passing it: the
+        module's settings, ``DEFAULT_CFG``."""
+        if not (
+            isinstance(value, cst.IfExp)
+            and isinstance(value.test, cst.Comparison)
+            and len(value.test.comparisons) == 1
+            and isinstance(value.test.left, cst.Name)
+            and isinstance(value.test.comparisons[0].comparator, cst.Name)
+            and value.test.comparisons[0].comparator.value == "None"
+            and isinstance(value.test.comparisons[0].operator, (cst.IsNot, cst.Is))
+            and self.cls is not None
+        ):
+            return None
+        given = value.test.left.value
+        fallback = (
+            value.orelse
+            if isinstance(value.test.comparisons[0].operator, cst.IsNot)
+            else value.body
+        )
+        param = next((p for p in named_params(init) if p.name.value == given), None)
+        if (
+            param is None
+            or not isinstance(param.default, cst.Name)
+            or param.default.value != "None"
+            or not isinstance(fallback, cst.Name)
+            or fallback.value not in self.module.constants
+            or self.context.project.builds_passing(self.context.fs_path, self.cls.name, given)
+        ):
+            return None
+        return fallback
 
     def method_named_in_init(
         self, init: cst.FunctionDef, assigned: list[cst.BaseExpression]
@@ -2119,6 +2171,42 @@ def _sum_from_each_step(expr: cst.ListComp | cst.GeneratorExp) -> cst.BaseExpres
         and time.step is None
     )
     return sliced.value if whole_batch and from_step else None
+
+
+def _settings_section(section: DictVal, shown: str) -> DictVal:
+    """A settings dict's entries as settings: its strings and flags pick as
+    their defaults do; a coefficient's number (other than 1, which scales
+    nothing) is a coefficient a run may set to any value, with its default
+    for comparisons that pick a mode, as for a config class's field."""
+    items: dict[str, Value] = {}
+    for key, entry in section.items.items():
+        where = f"{shown}[{key!r}]"
+        if isinstance(entry, DictVal):
+            items[key] = _settings_section(entry, where)
+        elif (
+            isinstance(entry, ir.Const)
+            and entry.value != 1.0
+            and roles.weight_role(key) is Role.COEFFICIENT
+        ):
+            items[key] = ir.Atom(Role.COEFFICIENT, where, default=(entry.value, where))
+        else:
+            items[key] = entry
+    return DictVal(items, section.positional)
+
+
+def _trained_parameter(value: cst.BaseExpression) -> bool:
+    """``nn.Parameter(...)``, ``torch.zeros((), requires_grad=True)``."""
+    if not isinstance(value, cst.Call):
+        return False
+    if (dotted_name(value.func) or "").rpartition(".")[2] == "Parameter":
+        return True
+    return any(
+        a.keyword is not None
+        and a.keyword.value == "requires_grad"
+        and isinstance(a.value, cst.Name)
+        and a.value.value == "True"
+        for a in value.args
+    )
 
 
 def _coefficients(written: cst.Tuple | cst.List) -> Seq | None:
