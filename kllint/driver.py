@@ -453,7 +453,7 @@ def _right_together(verdicts: list[_Verdict]) -> set[int]:
         for second in verdicts[i + 1 :]:
             if (
                 first.rule is not second.rule
-                and first.owner == second.owner
+                and (first.owner == second.owner or None in (first.owner, second.owner))
                 and _one_pipeline(first, second)
                 and any(settings_agree(a, b) for a in first.branches for b in second.branches)
                 and _halves_right_together(first, second)
