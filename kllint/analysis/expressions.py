@@ -199,6 +199,12 @@ class Expressions(Frame):
     def eval_await(self, expr: cst.Await) -> Value:
         return self.eval(expr.expression)
 
+    def eval_named_expression(self, expr: cst.NamedExpr) -> Value:
+        """``(beta := args.beta) > 0``: the value, bound to the name as well."""
+        value = self.eval(expr.value)
+        self.assign(expr.target, value, expr)
+        return value
+
     def eval_lambda(self, expr: cst.Lambda) -> Value:
         # A lambda written in a function reads its locals when called; one
         # in a module constant (a dispatch table) reads only the module.
@@ -729,8 +735,25 @@ class Expressions(Frame):
                 # ``self.level`` of a ``class SequenceK3(K3, level="sequence")``
                 # object, or a class body's ``kl_type = "k3"``.
                 return constant
+            if base.unbuilt:
+                # ``exp.kl_estimator`` of a dataclass parameter (``exp:
+                # Experience``): the field's default, as a run that does not
+                # set it has.
+                field = selectors.record_field_default(
+                    self.context.project, base.module, base.cls, attr
+                )
+                if field is not None:
+                    return field
             flag = selectors.field_flag(base.cls, attr)
-            return Unknown(code(expr), (attr,), default_flag=flag)
+            # ``exp.action_log_probs`` of ``exp: Experience``: rollout data, as
+            # read from a container named so.
+            holder = (
+                (expr.value.value,)
+                if isinstance(expr, cst.Attribute) and isinstance(expr.value, cst.Name)
+                else ()
+            )
+            rollout_data = base.unbuilt and roles.from_container((*holder, base.cls.name))
+            return Unknown(code(expr), (attr,), default_flag=flag, stored=rollout_data)
         if isinstance(base, DictVal) and attr in base.items:
             # A record's field (``ref.logprobs``): a log-prob goes by the name
             # the caller reads it with, not the one the helper computed it as.
@@ -2074,6 +2097,7 @@ _EVALUATORS: dict[type, str] = {
     cst.Subscript: "eval_subscript",
     cst.Call: "eval_call",
     cst.Await: "eval_await",
+    cst.NamedExpr: "eval_named_expression",
     cst.Lambda: "eval_lambda",
     cst.DictComp: "eval_dict_comprehension",
     cst.ListComp: "eval_comprehension",

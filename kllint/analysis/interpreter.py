@@ -188,15 +188,21 @@ class Interpreter(Calls):
 
     def callable_of_type(self, name: str, fn: cst.FunctionDef) -> Instance | None:
         """``loss_fn: ReinforceLossFn``: a parameter annotated with a class of
-        the project that is called (``__call__``, ``forward``) is an object
-        of that class; calling it runs the class's code. Its ``__init__``
+        the project that is called (``__call__``, ``forward``) or has
+        properties is an object of that class; calling it (reading them)
+        runs the class's code. Its ``__init__``
         is not run: what it was built with is the caller's, and its
         settings are read as ``__init__`` gives them by default."""
         found = self.annotated_class(name, fn)
-        if found is None or not any(
+        if found is None:
+            return None
+        methods = [self.context.project.method(found[0], found[1], m) for m in found[0].methods]
+        if not any(
             self.context.project.method(found[0], found[1], method) is not None
             for method in ("__call__", "forward")
-        ):
+        ) and not any(m is not None and m.is_property for m in methods):
+            # (``exp: Experience`` whose ``returns`` is a ``cached_property``:
+            # reading it runs the property on the object's fields.)
             return None
         return Instance(found[0], found[1], unbuilt=True)
 

@@ -631,6 +631,20 @@ def typed_default(
     return Py(literal, source=f"`{config_class.name}` ({where.path.name}:{line})")
 
 
+def record_field_default(
+    project: Project, module: ModuleInfo, cls: ClassInfo, attr: str
+) -> Py | None:
+    """The default a record class (a dataclass) gives its field ``attr``: a
+    string, or an Enum member's value, that picks as a selector does."""
+    literal = _field_default(cls, attr)
+    if literal is None:
+        literal = _named_default(project, module, cls, attr)
+    if literal is None:
+        return None
+    line = module.line_of_class(cls.name)
+    return Py(literal, source=f"`{cls.name}` ({module.path.name}:{line})")
+
+
 def number_setting(
     project: Project,
     module: ModuleInfo,
