@@ -612,11 +612,9 @@ def configured_globals(source: str, tree: ast.Module | None = None) -> dict[str,
     value."""
     if _GLOBAL_STATEMENT.search(source) is None:
         return {}
+    tree = tree or _parsed(source)
     if tree is None:
-        try:
-            tree = ast.parse(source)
-        except SyntaxError:
-            return {}
+        return {}
     configured: dict[str, str] = {}
     for statement in tree.body:
         if not isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -640,6 +638,15 @@ def configured_globals(source: str, tree: ast.Module | None = None) -> dict[str,
     return configured
 
 
+def _parsed(source: str) -> ast.Module | None:
+    """Python's tree of a file kllint reads only when its text asks for it
+    (the caller was not given the tree); None when it does not parse."""
+    try:
+        return ast.parse(source)
+    except SyntaxError:
+        return None
+
+
 def _ast_root(node: ast.expr) -> ast.expr:
     while isinstance(node, ast.Attribute):
         node = node.value
@@ -660,11 +667,9 @@ def decorator_registries(source: str, tree: ast.Module | None = None) -> dict[st
     hooks = "__init_subclass__" in source
     if not hooks and ("@" not in source or not (empty or _class_registry_possible(source))):
         return {}
+    tree = tree or _parsed(source)
     if tree is None:
-        try:
-            tree = ast.parse(source)
-        except SyntaxError:
-            return {}
+        return {}
     fillers: dict[str, str] = {}  # decorator factory -> the registry it fills
     # ``class KLK3(KLEstimator, name="k3")`` with ``KLEstimator.__init_subclass__``
     # storing ``cls.registry[name] = cls``: the class keyword that keys the registry.
