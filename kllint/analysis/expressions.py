@@ -1908,7 +1908,7 @@ def _mode_defaults(operator: cst.BaseCompOp, left: Value, right: Value) -> tuple
     if isinstance(operator, (cst.GreaterThan, cst.LessThan)):
         above = left if isinstance(operator, cst.GreaterThan) else right
         zero = right if above is left else left
-        if isinstance(zero, (Py, ir.Const)) and zero.value == 0 and not nonzero(zero):
+        if isinstance(zero, (Py, ir.Const)) and zero.value == 0:
             positive = default(above)
             if isinstance(positive, Py) and nonzero(positive) and positive.value > 0:  # type: ignore[operator]
                 return (positive, zero) if above is left else (zero, positive)

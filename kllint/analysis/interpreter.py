@@ -196,13 +196,14 @@ class Interpreter(Calls):
         found = self.annotated_class(name, fn)
         if found is None:
             return None
-        methods = [self.context.project.method(found[0], found[1], m) for m in found[0].methods]
-        if not any(
-            self.context.project.method(found[0], found[1], method) is not None
-            for method in ("__call__", "forward")
-        ) and not any(m is not None and m.is_property for m in methods):
-            # (``exp: Experience`` whose ``returns`` is a ``cached_property``:
-            # reading it runs the property on the object's fields.)
+        project = self.context.project
+        called = any(project.method(*found, m) is not None for m in ("__call__", "forward"))
+        # (``exp: Experience`` whose ``returns`` is a ``cached_property``:
+        # reading it runs the property on the object's fields.)
+        if not called and not any(
+            (method := project.method(*found, m)) is not None and method.is_property
+            for m in found[0].methods
+        ):
             return None
         return Instance(found[0], found[1], unbuilt=True)
 

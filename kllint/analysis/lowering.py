@@ -868,7 +868,7 @@ def _method_registry() -> dict[str, MethodLowering]:
         registry[name] = _view
     for name in TENSOR_IDENTITY:
         registry.setdefault(name, _identity)
-    for name in ("split", "chunk", "unbind", "tensor_split"):
+    for name in SPLITS:
         registry.setdefault(name, _pieces(name))
     for name in DETACHING:
         registry.setdefault(name, _detach)
