@@ -790,7 +790,9 @@ class Expressions(Frame):
             if setting is not None:
                 return setting
             assert self.self_class is not None
-            constant = selectors.class_setting(self.context.project, *self.self_class, attr)
+            constant = selectors.class_setting(
+                self.context.project, *self.self_class, attr
+            ) or selectors.class_flag(self.context.project, *self.self_class, attr)
             if constant is not None:
                 return constant
             method = self.context.project.method(*self.self_class, attr)

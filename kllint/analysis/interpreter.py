@@ -30,7 +30,9 @@ that call site.
 
 from __future__ import annotations
 
+import io
 import re
+import tokenize
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
@@ -49,6 +51,7 @@ from kllint.analysis.module import (
     CALLED_THROUGH,
     TRIPLE_QUOTED,
     ClassInfo,
+    FunctionNames,
     ModuleInfo,
     dotted_name,
     may_transform,
@@ -2538,22 +2541,96 @@ def inherited_hook_callers(
     project: Project, module: ModuleInfo
 ) -> Iterator[tuple[FuncRef, ClassInfo]]:
     """Methods a class of ``module`` inherits from a base of the project
-    that call a method the class overrides: a base trainer's
-    ``training_step`` calling ``self.kl_penalty(...)``, a hook the subclass
-    fills in. Each runs again for the subclass, whose override ``self``
-    then reaches (Python binds ``self`` late)."""
+    that call a method, or read a class attribute, which the class's own
+    method resolution order takes from elsewhere than the base's: a base
+    trainer's ``compute_loss`` calling ``self._kl_term(...)``, a hook that a
+    subclass or a mixin listed before the base fills in, or reading
+    ``self.kl_estimator`` that a subclass's body sets again. Each runs again
+    for the class, whose ``self`` then reaches the override (Python binds
+    ``self`` late). A mixin is left to the classes that mix it in: in
+    theirs, another mixin's method may come first."""
+    # Classes named as one of several bases (``class GRPOTrainer(KLToGoMixin,
+    # LogRatioKLMixin)``), and how often.
+    mixed = Counter(
+        base.split(".")[-1]
+        for bases in module.sketch.classes.values()
+        if len(bases) > 1
+        for base in bases
+    )
+    used = _names_used(module.source, set(mixed)) if mixed else Counter()
     for cls in module.classes.values():
-        if not cls.bases:
+        # Named only in its own ``class`` line and as an ingredient of others:
+        # a mixin, never built on its own here.
+        if not cls.bases or (cls.name in mixed and used[cls.name] == mixed[cls.name] + 1):
             continue
-        # Only an override that can compute a KL term can change a verdict.
-        overrides = roles.methods_that_may_compute_kl(module, cls)
-        if not overrides:
-            continue
+        order = list(project.lineage(cls, module))
         for name, base, where in project.inherited(cls, module):
             names = where.sketch.functions.get((base.name, name))
-            if name == "__init__" or names is None or overrides.isdisjoint(names.called):
+            if name == "__init__" or names is None:
                 continue
-            yield FuncRef(base.methods[name], where, base, bound=True), cls
+            seen_by_base = {id(c) for c, _ in project.lineage(base, where)}
+            called, read = _reach(order, names)
+            if _rebound(order, seen_by_base, called, read):
+                yield FuncRef(base.methods[name], where, base, bound=True), cls
+
+
+def _reach(
+    order: list[tuple[ClassInfo, ModuleInfo]], names: FunctionNames
+) -> tuple[set[str], set[str]]:
+    """The names a method calls and reads, with those of the methods of
+    ``order`` it calls on ``self`` (``prepare`` calling ``apply_kl_penalty``,
+    which reads ``self.kl_penalty_type``)."""
+    called, read = set(names.called), set(names.identifiers)
+    pending = list(called)
+    while pending:
+        name = pending.pop()
+        for current, where in order:
+            if name in current.methods:
+                more = where.sketch.functions.get((current.name, name))
+                if more is not None:
+                    pending += more.called - called
+                    called |= more.called
+                    read |= more.identifiers
+                break
+    return called, read
+
+
+def _rebound(
+    order: list[tuple[ClassInfo, ModuleInfo]],
+    seen_by_base: set[int],
+    called: set[str],
+    read: set[str],
+) -> bool:
+    """Whether a method called or a string class attribute read resolves, in ``order``, to a class that the base's
+    own order does not hold."""
+    for index, (current, _) in enumerate(order):
+        if id(current) in seen_by_base:
+            continue
+        earlier = order[:index]
+        for name in called.intersection(current.methods):
+            if name != "__init__" and not any(name in c.methods for c, _ in earlier):
+                return True
+        for f in current.fields:
+            if (
+                f.name in read
+                and isinstance(f.literal, str)
+                and not any(g.name == f.name for c, _ in earlier for g in c.fields)
+            ):
+                return True
+    return False
+
+
+def _names_used(source: str, names: set[str]) -> Counter[str]:
+    """How often each of ``names`` is written as a name in ``source`` (not
+    in a comment or a string)."""
+    found: Counter[str] = Counter()
+    try:
+        for token in tokenize.generate_tokens(io.StringIO(source).readline):
+            if token.type == tokenize.NAME and token.string in names:
+                found[token.string] += 1
+    except (tokenize.TokenError, SyntaxError):
+        return Counter({name: 2**30 for name in names})  # unknown: as if built
+    return found
 
 
 def _walk_defs(body: cst.BaseSuite) -> Iterator[cst.FunctionDef]:

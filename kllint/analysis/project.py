@@ -416,19 +416,27 @@ class Project:
 
     def lineage(self, cls: ClassInfo, module: ModuleInfo) -> Iterator[tuple[ClassInfo, ModuleInfo]]:
         """``cls``, then its base classes of the project (this module's or
-        imported), nearest first, each once, with the module of each. A
-        class's bases are resolved only once it has been looked at."""
-        seen: set[int] = set()
-        queue: list[tuple[ClassInfo, ModuleInfo]] = [(cls, module)]
-        while queue:
-            current, where = queue.pop(0)
-            if id(current) in seen:
-                continue
-            seen.add(id(current))
-            yield current, where
-            queue.extend(
-                found for base in current.bases if (found := self.class_named(base, where))
-            )
+        imported), in Python's method resolution order, each with its
+        module: ``class GRPOTrainer(KLToGoMixin, LogRatioKLMixin)`` finds
+        ``_kl_term`` in the first mixin even when both share a base. Bases
+        outside the project are left out."""
+        return iter(self._mro(cls, module, ()))
+
+    def _mro(
+        self, cls: ClassInfo, module: ModuleInfo, inside: tuple[int, ...]
+    ) -> list[tuple[ClassInfo, ModuleInfo]]:
+        if id(cls) in inside:  # a cycle of names (two classes of one name): cut
+            return []
+        bases = [found for base in cls.bases if (found := self.class_named(base, module))]
+        orders = [self._mro(c, m, (*inside, id(cls))) for c, m in bases]
+        merged = _c3_merge([*orders, bases])
+        if merged is None:
+            # An order Python itself rejects (or one kllint sees only in
+            # part): nearest base first, each once.
+            merged = []
+            for order in orders:
+                merged += [entry for entry in order if all(entry[0] is not c for c, _ in merged)]
+        return [(cls, module), *merged]
 
     # ------------------------------------------------------------ callers
 
@@ -922,3 +930,22 @@ def _relative(path: Path, base: Path, real: bool = False) -> str:
         return (path if real else path.resolve()).relative_to(base).as_posix()
     except ValueError:
         return path.as_posix()
+
+
+def _c3_merge(
+    orders: list[list[tuple[ClassInfo, ModuleInfo]]],
+) -> list[tuple[ClassInfo, ModuleInfo]] | None:
+    """Python's C3 merge of the bases' orders and the list of bases; None
+    when no consistent order exists."""
+    pending = [list(order) for order in orders if order]
+    merged: list[tuple[ClassInfo, ModuleInfo]] = []
+    while pending:
+        for order in pending:
+            head = order[0][0]
+            if not any(any(c is head for c, _ in other[1:]) for other in pending):
+                break
+        else:
+            return None
+        merged.append(order[0])
+        pending = [rest for o in pending if (rest := [e for e in o if e[0] is not head])]
+    return merged

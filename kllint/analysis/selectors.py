@@ -186,6 +186,25 @@ def class_setting(project: Project, cls: ClassInfo, module: ModuleInfo, attr: st
     return None
 
 
+def class_flag(project: Project, cls: ClassInfo, module: ModuleInfo, attr: str) -> Py | None:
+    """``use_kl_loss = False`` in a class body (the class's or the nearest
+    base's that sets it): a constant of the class, not a setting, when no
+    method of the lineage assigns ``self.use_kl_loss``. A subclass turns the
+    term on by setting it again in its own body. An annotated field is an
+    object's setting (a dataclass's), left open."""
+    lineage = list(project.lineage(cls, module))
+    for current, _ in lineage:
+        field = next((f for f in current.fields if f.name == attr), None)
+        if field is None:
+            continue
+        if field.annotated or field.flag_default is None:
+            return None
+        if any(_self_assignments(where, c, attr) for c, where in lineage):
+            return None
+        return Py(field.flag_default)
+    return None
+
+
 def subclass_keyword(project: Project, cls: ClassInfo, module: ModuleInfo, attr: str) -> Py | None:
     """``class SequenceK3(K3, level="sequence")`` under a base whose
     ``__init_subclass__(cls, level="token")`` sets ``cls.level = level``:
