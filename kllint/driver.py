@@ -311,6 +311,11 @@ def _verdicts(sinks: list[Sink], path: str) -> list[_Verdict]:
     # Estimates in a term that reaches ``.backward()`` with the sequence KL's
     # gradient: what the training step runs is right there.
     right_where_run: set[int] = set()
+    # Estimates in a term that a loss function returns (or ``.backward()``
+    # reaches) with the sequence KL's gradient: a variable named as a loss on
+    # the way (``per_token_loss1 = coef_1 * advantages``, the reward half of
+    # a k3 reward and a k3 loss) holds a part of it.
+    right_in_a_loss: set[int] = set()
     # Losses whose KL is right on the implementation the flags' defaults run.
     right_by_default: set[int] = set()
     # Backward passes of a function a caller inlined, with the arguments the
@@ -336,6 +341,8 @@ def _verdicts(sinks: list[Sink], path: str) -> list[_Verdict]:
                     )
                 if sink.backward and site.profile.sequence_correct:
                     right_where_run.update(_origin_nodes_within(site.term))
+                if sink.strong and site.profile.sequence_correct:
+                    right_in_a_loss.update(_origin_nodes_within(site.term))
                 if site.profile.sequence_correct and not off_the_default_implementation(branch):
                     right_by_default.add(id(sink.node))
                 for rule in RULES.values():
@@ -361,6 +368,16 @@ def _verdicts(sinks: list[Sink], path: str) -> list[_Verdict]:
         if not (
             all(off_the_default_implementation(b) for b in v.branches)
             and all(id(s.node) in right_by_default for s in v.sinks)
+        )
+    ]
+    verdicts = [
+        v
+        for v in verdicts
+        if any(s.strong for s in v.sinks)
+        or not (
+            id(v.site.origin.cst_node) in right_in_a_loss
+            # Read alone, a helper that a loss function inlines whole.
+            or all(id(s.function_node) in right_in_a_loss for s in v.sinks)
         )
     ]
     verdicts = _as_run(

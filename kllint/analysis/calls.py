@@ -1331,22 +1331,41 @@ class Calls(Expressions):
             # built from the project's functions may apply an estimator.
             return None
         estimates = []
+        scores = []
         for arg in call.args:
             if arg.star or not _without_calls(arg.value):
                 continue  # evaluating a nested call again would cost an inlining
             value = self.eval(arg.value)
+            if isinstance(value, ir.Node) and value.has_role(Role.POLICY_LOGP):
+                scores.append(value)
             if isinstance(value, (ir.Node, Choice)) and (
                 _differentiable_kl(value) or (_behaviour_kl(value) and self._assigned_to_a_loss())
             ):
                 estimates.append(value)
         if len(estimates) != 1:
             return None
+        estimate = estimates[0]
+        if isinstance(estimate, ir.Node) and _credited(estimate):
+            # ``policy_loss_fn(log_probs, old_log_probs, returns, mask)``: a
+            # loss given rewards-to-go and the policy's log-probs weighs the
+            # log-probs' gradient by them (a policy-gradient loss, whatever
+            # its clipping), it does not reduce them.
+            if len(scores) != 1 or not ir.depends_on_policy(scores[0]):
+                return None
+            origin = replace(
+                self.origin(call),
+                assumed=f"`{full_code(call.func)}` could not be followed: taken for a "
+                "policy-gradient loss of the log-probs weighted by the returns it is given",
+            )
+            score = ir.Unary("exp", ir.binary("sub", scores[0], ir.detach(scores[0])))
+            weighted = ir.neg(ir.binary("mul", estimate, score, origin), origin)
+            return ir.Reduce("mean", ir.Axis.ALL, weighted, origin=origin)
         origin = replace(
             self.origin(call),
             assumed=f"`{full_code(call.func)}` could not be followed: taken for a reduction "
             "that passes the KL estimate's value and gradient through",
         )
-        return self.lift1(estimates[0], lambda n: ir.Reduce("mean", ir.Axis.ALL, n, origin=origin))
+        return self.lift1(estimate, lambda n: ir.Reduce("mean", ir.Axis.ALL, n, origin=origin))
 
     def _given_an_estimator(self, factory: cst.Call) -> bool:
         """A call given a function of the project (``compose(k2, mask,
@@ -1627,6 +1646,14 @@ def _behaviour_kl(value: Value) -> bool:
         and value.has_role(Role.REFERENCE_LOGP)
         and value.has_role(Role.OLD_LOGP)
         and not ir.depends_on_policy(value)
+    )
+
+
+def _credited(value: ir.Node) -> bool:
+    """Rewards turned into returns (a reward-to-go) with no gradient: what
+    a policy-gradient loss weighs log-probs by."""
+    return ir.is_detached(value) and ir.reaches(
+        value, lambda n: isinstance(n, ir.CumSum) and n.reverse, lambda n: False
     )
 
 

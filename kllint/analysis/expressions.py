@@ -1895,8 +1895,9 @@ def _mode_defaults(operator: cst.BaseCompOp, left: Value, right: Value) -> tuple
     decides. Against zero it switches a term off (``if self.beta != 0.0``),
     and ordered it is a threshold: a default there must not hide the term
     users turn on, so those stay open; unless the default turns the term on
-    (``if cfg.kl_discount_factor > 0`` with a default of 1.0): the path a
-    default run takes, which a zero default would leave open."""
+    (``if cfg.kl_discount_factor > 0`` with a default of 1.0, ``if
+    self.beta != 0.0`` with 0.04): the path a default run takes, which a
+    zero default would leave open."""
 
     def nonzero(v: Value) -> bool:
         number = v.value if isinstance(v, (Py, ir.Const)) else None
@@ -1922,6 +1923,11 @@ def _mode_defaults(operator: cst.BaseCompOp, left: Value, right: Value) -> tuple
         return default(left), right
     if nonzero(left):
         return left, default(right)
+    # ``if self.beta != 0.0`` with a default of 0.04: the term is on in a
+    # default run (a zero default stays open).
+    for side, other in ((left, right), (right, left)):
+        if isinstance(other, (Py, ir.Const)) and other.value == 0 and nonzero(default(side)):
+            return (default(side), other) if side is left else (other, default(side))
     return left, right
 
 

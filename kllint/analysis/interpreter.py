@@ -815,7 +815,13 @@ class Interpreter(Calls):
                 self.store_into_a_buffer(small.value)
         elif isinstance(small, cst.Return):
             value = self.eval(small.value) if small.value is not None else Py(None)
-            if self.no_grad and isinstance(value, (ir.Node, Choice, Flipped, Grouped)):
+            # ``return kl`` of a name keeps what the name holds: a term computed
+            # under ``enable_grad`` inside a ``no_grad`` method keeps its graph.
+            if (
+                self.no_grad
+                and not isinstance(small.value, cst.Name)
+                and isinstance(value, (ir.Node, Choice, Flipped, Grouped))
+            ):
                 value = self.lift1(value, ir.detach)
             self.returns.append((AND.join(self.path), value))
             if self.loss_function and self.depth == 0:
