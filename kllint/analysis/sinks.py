@@ -422,7 +422,11 @@ def steerable(fn: cst.FunctionDef) -> bool:
     for param in named_params(fn):
         if isinstance(param.default, (cst.SimpleString, cst.ConcatenatedString)):
             return True
-        if set(roles.words(param.name.value)) & _STEERING_WORDS:
+        if set(roles.words(param.name.value)) & _STEERING_WORDS and not (
+            # ``kl_penalty_coef=0.05``: how much of the penalty, not which.
+            roles.has_words(param.name.value, roles.COEFFICIENT_WORDS)
+            or isinstance(param.default, cst.Float)
+        ):
             return True
     return False
 

@@ -750,7 +750,9 @@ def build_site(
     elif ir.depends_on_policy(term):
         written = _score_function(path) or focus
     handed_back = next((n for n in path if n.origin is not None and n.origin.handed_back), None)
-    if handed_back is not None:
+    if handed_back is not None and written is focus:
+        # (A score-function line named as the penalty is the estimate, even
+        # when its weight came back from a helper.)
         written = handed_back
     origin = written.origin or term.origin or fallback
     if origin.reported_by_helper:
