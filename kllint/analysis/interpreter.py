@@ -30,9 +30,7 @@ that call site.
 
 from __future__ import annotations
 
-import io
 import re
-import tokenize
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
@@ -50,6 +48,7 @@ from kllint.analysis.lowering import split_tensor, splits_by_length
 from kllint.analysis.module import (
     CALLED_THROUGH,
     TRIPLE_QUOTED,
+    ClassField,
     ClassInfo,
     FunctionNames,
     ModuleInfo,
@@ -2607,36 +2606,63 @@ def _rebound(
     called: set[str],
     read: set[str],
 ) -> bool:
-    """Whether a method called or a string class attribute read resolves, in ``order``, to a class that the base's
+    """Whether a method called or a setting read off the class resolves, in ``order``, to a class that the base's
     own order does not hold."""
-    for index, (current, _) in enumerate(order):
+    for index, (current, where) in enumerate(order):
         if id(current) in seen_by_base:
             continue
         earlier = order[:index]
         for name in called.intersection(current.methods):
-            if name != "__init__" and not any(name in c.methods for c, _ in earlier):
+            if (
+                name != "__init__"
+                and not any(name in c.methods for c, _ in earlier)
+                and _may_shape_a_kl(where, current.name, name)
+            ):
                 return True
+        if not any(where.may_assign_in_a_body(name) for name in read):
+            continue  # no class body of its file sets a name read
         for f in current.fields:
             if (
                 f.name in read
-                and isinstance(f.literal, str)
+                and _read_as_a_setting(f)
                 and not any(g.name == f.name for c, _ in earlier for g in c.fields)
             ):
                 return True
     return False
 
 
+# Words of a hook that works on log-probs or their ratios (``_aggregate_log_ratio``
+# returning ``log_ratio * response_mask``), whatever it names a KL.
+_HOOK_WORDS = roles.LOGPROB_WORDS | roles.KL_WORDS | {"ratio", "ratios"}
+
+
+def _may_shape_a_kl(module: ModuleInfo, cls: str, name: str) -> bool:
+    """An override that can change a KL term: it may compute one, or it
+    works on log-probs or their ratios (not ``_save_checkpoint``)."""
+    if roles.sketch_may_compute_kl(module.sketch, cls, name):
+        return True
+    names = module.sketch.functions.get((cls, name))
+    return names is not None and any(
+        roles.has_words(identifier, _HOOK_WORDS) for identifier in names.identifiers
+    )
+
+
+def _read_as_a_setting(field: ClassField) -> bool:
+    """A class attribute the interpreter reads off ``self`` as a setting:
+    a string that names an estimator (``kl_estimator = "k3"``), or a flag
+    (``use_kl_loss = True``); not ``_name = "GRPO"`` for a model card."""
+    if isinstance(field.literal, str):
+        return field.name.isupper() or selectors.names_a_selector(field.name)
+    return not field.annotated and field.flag_default is not None
+
+
 def _names_used(source: str, names: set[str]) -> Counter[str]:
-    """How often each of ``names`` is written as a name in ``source`` (not
-    in a comment or a string)."""
-    found: Counter[str] = Counter()
-    try:
-        for token in tokenize.generate_tokens(io.StringIO(source).readline):
-            if token.type == tokenize.NAME and token.string in names:
-                found[token.string] += 1
-    except (tokenize.TokenError, SyntaxError):
-        return Counter({name: 2**30 for name in names})  # unknown: as if built
-    return found
+    """How often each of ``names`` is written in ``source`` outside comments
+    and docstrings (a name in another string counts: as if the class were
+    built from it)."""
+    code = re.sub(r"#[^\n]*", "", TRIPLE_QUOTED.sub('""', source))
+    pattern = re.compile(r"\b(" + "|".join(map(re.escape, sorted(names))) + r")\b")
+    return Counter(pattern.findall(code))
 
 
 def _walk_defs(body: cst.BaseSuite) -> Iterator[cst.FunctionDef]:

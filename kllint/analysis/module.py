@@ -104,6 +104,8 @@ class ClassInfo:
         # What ``__init_subclass__`` hooks of the lineage set from class
         # keywords (see ``selectors.subclass_keyword``), once looked for.
         self.subclass_hooks: dict[str, str] | None = None
+        # The bool class attributes ``self.x`` reads as constants, once looked up.
+        self.flags: dict[str, bool | None] = {}
 
     @property
     def node(self) -> cst.ClassDef:
@@ -359,6 +361,7 @@ class ModuleInfo:
         self._outline: list[tuple[int, int, str, str]] | None = None
         self._block_names: dict[str, bool] = {}
         self._sketch = sketch
+        self._indented_assignments: frozenset[str] | None = None
         # The names in the file's own statements that define nothing (a
         # script's loop), for a file read definition by definition. Code
         # only: a string that says ``log_softmax`` computes nothing.
@@ -385,6 +388,15 @@ class ModuleInfo:
         if self._module is None:
             self._module = parse_module(self.source)
         return self._module
+
+    def may_assign_in_a_body(self, name: str) -> bool:
+        """Whether some indented line of the file assigns a bare ``name``
+        (a class body's ``use_kl_loss = False``, or a local of a function):
+        the text test that spares reading a class's fields for a name no
+        class body can hold."""
+        if self._indented_assignments is None:
+            self._indented_assignments = frozenset(_INDENTED_ASSIGNMENT.findall(self.source))
+        return name in self._indented_assignments
 
     @property
     def parsed_module(self) -> cst.Module | None:
@@ -1194,6 +1206,9 @@ def _function_names(source: str, classes: dict[str, list[str]]) -> dict[Function
     return found
 
 
+# ``    use_kl_loss = False``, ``    kl_estimator: str = "k3"``: an indented
+# assignment to a bare name.
+_INDENTED_ASSIGNMENT = re.compile(r"^[ \t]+([A-Za-z_]\w*)[ \t]*(?::[^=\n]*)?=(?!=)", re.M)
 _HEADER = re.compile(
     r"^([ \t]*)(?:async[ \t]+)?(def|class)[ \t]+([A-Za-z_][A-Za-z0-9_]*)(?:\(([^)]*)\))?", re.M
 )

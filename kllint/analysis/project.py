@@ -174,6 +174,8 @@ class Project:
         self._methods: dict[
             tuple[int, int, str], tuple[ClassInfo, FuncRef | None, frozenset[str]]
         ] = {}
+        # Each class's method resolution order, once worked out.
+        self._orders: dict[int, tuple[ClassInfo, list[tuple[ClassInfo, ModuleInfo]]]] = {}
 
     def begin_file(self) -> None:
         """Start recording the files the next analysis reads."""
@@ -419,8 +421,25 @@ class Project:
         imported), in Python's method resolution order, each with its
         module: ``class GRPOTrainer(KLToGoMixin, LogRatioKLMixin)`` finds
         ``_kl_term`` in the first mixin even when both share a base. Bases
-        outside the project are left out."""
-        return iter(self._mro(cls, module, ()))
+        outside the project are left out. Along a chain of single bases a
+        base is resolved only once it is looked at (a lookup that stops at
+        the first class defining a name reads no module beyond it)."""
+        seen: set[int] = set()
+        current: tuple[ClassInfo, ModuleInfo] | None = (cls, module)
+        while current is not None and id(current[0]) not in seen:
+            here, where = current
+            seen.add(id(here))
+            if len(here.bases) > 1:
+                yield from self._order(here, where)
+                return
+            yield here, where
+            current = self.class_named(here.bases[0], where) if here.bases else None
+
+    def _order(self, cls: ClassInfo, module: ModuleInfo) -> list[tuple[ClassInfo, ModuleInfo]]:
+        known = self._orders.get(id(cls))
+        if known is None or known[0] is not cls:
+            known = self._orders[id(cls)] = (cls, self._mro(cls, module, ()))
+        return known[1]
 
     def _mro(
         self, cls: ClassInfo, module: ModuleInfo, inside: tuple[int, ...]

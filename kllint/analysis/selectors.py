@@ -192,8 +192,17 @@ def class_flag(project: Project, cls: ClassInfo, module: ModuleInfo, attr: str) 
     method of the lineage assigns ``self.use_kl_loss``. A subclass turns the
     term on by setting it again in its own body. An annotated field is an
     object's setting (a dataclass's), left open."""
+    if attr not in cls.flags:  # every ``self.x`` read asks
+        cls.flags[attr] = _class_flag(project, cls, module, attr)
+    flag = cls.flags[attr]
+    return None if flag is None else Py(flag)
+
+
+def _class_flag(project: Project, cls: ClassInfo, module: ModuleInfo, attr: str) -> bool | None:
     lineage = list(project.lineage(cls, module))
-    for current, _ in lineage:
+    for current, where in lineage:
+        if not where.may_assign_in_a_body(attr):
+            continue
         field = next((f for f in current.fields if f.name == attr), None)
         if field is None:
             continue
@@ -201,7 +210,7 @@ def class_flag(project: Project, cls: ClassInfo, module: ModuleInfo, attr: str) 
             return None
         if any(_self_assignments(where, c, attr) for c, where in lineage):
             return None
-        return Py(field.flag_default)
+        return field.flag_default
     return None
 
 
