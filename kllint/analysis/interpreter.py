@@ -1625,7 +1625,28 @@ class Interpreter(Calls):
             callee.env = dict(ref.closure())
         # Parameters the caller did not pass take their defaults, evaluated in
         # the callee's module: that is how a keyword default picks a branch.
-        return callee.run_function(ref.node, dict(bound), no_grad=self.no_grad)
+        result = callee.run_function(ref.node, dict(bound), no_grad=self.no_grad)
+        for decorator in reversed(ref.node.decorators):
+            if result is None:
+                break
+            result = self.through_wrapper(decorator, ref.module, result)
+        return result
+
+    def through_wrapper(
+        self, decorator: cst.Decorator, module: ModuleInfo, result: Value
+    ) -> Value | None:
+        """What a decorator of the project makes of a function's result: one
+        whose wrapper returns an expression of the call it wraps (``@negate``
+        returning ``-fn(*args, **kwargs)``, ``.detach()``, a scale) gives that
+        expression of the result. Any other decorator leaves it as it is."""
+        wrapped = _wrapper_return(decorator, module)
+        if wrapped is None:
+            return result
+        expression, call = wrapped
+        held = cst.Name(_WRAPPED_RESULT)
+        outer = Interpreter(self.context, module, None, depth=self.depth + 1, stack=self.stack)
+        outer.env[_WRAPPED_RESULT] = result
+        return outer.eval(expression.deep_replace(call, held))
 
     def may_matter(
         self, ref: FuncRef, bound: dict[str, Value], given: Sequence[Value] = ()
@@ -2663,6 +2684,66 @@ def _names_used(source: str, names: set[str]) -> Counter[str]:
     code = re.sub(r"#[^\n]*", "", TRIPLE_QUOTED.sub('""', source))
     pattern = re.compile(r"\b(" + "|".join(map(re.escape, sorted(names))) + r")\b")
     return Counter(pattern.findall(code))
+
+
+# The name a wrapped function's result is held under while its wrapper's
+# return expression is read.
+_WRAPPED_RESULT = "__wrapped_result__"
+
+
+def _wrapper_return(
+    decorator: cst.Decorator, module: ModuleInfo
+) -> tuple[cst.BaseExpression, cst.Call] | None:
+    """``@negate`` where ``def negate(fn)`` defines a ``wrapper`` that returns
+    ``-fn(*args, **kwargs)`` and returns the wrapper: that return expression
+    and the call of ``fn`` in it."""
+    if not isinstance(decorator.decorator, cst.Name):
+        return None
+    factory = module.functions.get(decorator.decorator.value)
+    if factory is None or not factory.params.params:
+        return None
+    wrapped = factory.params.params[0].name.value
+    body = factory.body.body if isinstance(factory.body, cst.IndentedBlock) else []
+    returned = next(
+        (
+            s.body[0].value.value
+            for s in reversed(body)
+            if isinstance(s, cst.SimpleStatementLine)
+            and isinstance(s.body[0], cst.Return)
+            and isinstance(s.body[0].value, cst.Name)
+        ),
+        None,
+    )
+    inner = next(
+        (s for s in body if isinstance(s, cst.FunctionDef) and s.name.value == returned),
+        None,
+    )
+    if inner is None or not isinstance(inner.body, cst.IndentedBlock) or len(inner.body.body) != 1:
+        return None
+    line = inner.body.body[0]
+    if not (isinstance(line, cst.SimpleStatementLine) and isinstance(line.body[0], cst.Return)):
+        return None
+    expression = line.body[0].value
+    calls = [
+        node
+        for node in _calls_in(expression)
+        if isinstance(node.func, cst.Name) and node.func.value == wrapped
+    ]
+    if expression is None or len(calls) != 1 or expression is calls[0]:
+        return None
+    return expression, calls[0]
+
+
+def _calls_in(expression: cst.BaseExpression | None) -> list[cst.Call]:
+    found: list[cst.Call] = []
+
+    class _Calls(cst.CSTVisitor):
+        def visit_Call(self, node: cst.Call) -> None:
+            found.append(node)
+
+    if expression is not None:
+        expression.visit(_Calls())
+    return found
 
 
 def _walk_defs(body: cst.BaseSuite) -> Iterator[cst.FunctionDef]:
