@@ -1418,7 +1418,13 @@ class Calls(Expressions):
             if bound.reference_model:
                 return True
             names.extend(bound.names[-1:])
-        return self.context.role_patterns.is_reference_model(names + func_names)
+        patterns = self.context.role_patterns
+        copies = self.context.module.frozen_copies | self.module.frozen_copies
+        if any(n in copies and patterns.role_from_words(n) is None for n in names + func_names):
+            # ``self.snapshot(ids)`` of a frozen ``deepcopy`` of the policy
+            # (a name with behaviour words, ``policy_old``, stays one).
+            return True
+        return patterns.is_reference_model(names + func_names)
 
     def logprob_call(
         self,

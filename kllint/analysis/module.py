@@ -362,6 +362,7 @@ class ModuleInfo:
         self._block_names: dict[str, bool] = {}
         self._sketch = sketch
         self._indented_assignments: frozenset[str] | None = None
+        self._frozen_copies: frozenset[str] | None = None
         # The names in the file's own statements that define nothing (a
         # script's loop), for a file read definition by definition. Code
         # only: a string that says ``log_softmax`` computes nothing.
@@ -388,6 +389,25 @@ class ModuleInfo:
         if self._module is None:
             self._module = parse_module(self.source)
         return self._module
+
+    @property
+    def frozen_copies(self) -> frozenset[str]:
+        """Names bound to a frozen copy of a model (``self.snapshot =
+        copy.deepcopy(policy).requires_grad_(False)``, or a copy later put in
+        ``eval()`` or stripped of ``requires_grad``): a reference the file
+        built, whatever it is called."""
+        if self._frozen_copies is None:
+            found = set()
+            for match in _DEEP_COPY.finditer(self.source):
+                name, rest = match.group(1), match.group(2)
+                if _FREEZES.search(rest) or re.search(
+                    rf"\b{re.escape(name)}(?:\.requires_grad_\(False\)|\.eval\(\)"
+                    rf"|\.parameters\(\):\s*\n\s*\w+\.requires_grad\s*=\s*False)",
+                    self.source,
+                ):
+                    found.add(name)
+            self._frozen_copies = frozenset(found)
+        return self._frozen_copies
 
     def may_assign_in_a_body(self, name: str) -> bool:
         """Whether some indented line of the file assigns a bare ``name``
@@ -1206,6 +1226,9 @@ def _function_names(source: str, classes: dict[str, list[str]]) -> dict[Function
     return found
 
 
+# ``self.snapshot = copy.deepcopy(policy)...``: the name and the rest of the line.
+_DEEP_COPY = re.compile(r"(?:\bself\.)?\b(\w+)\s*=\s*(?:copy\.)?deepcopy\(([^\n]*)")
+_FREEZES = re.compile(r"\.requires_grad_\(False\)|\.eval\(\)")
 # ``    use_kl_loss = False``, ``    kl_estimator: str = "k3"``: an indented
 # assignment to a bare name.
 _INDENTED_ASSIGNMENT = re.compile(r"^[ \t]+([A-Za-z_]\w*)[ \t]*(?::[^=\n]*)?=(?!=)", re.M)
