@@ -1097,6 +1097,13 @@ class Calls(Expressions):
                     return reduced
         namespace = lowering.namespace(module, level)
         if namespace == "no-autograd":
+            if module.split(".")[0] in ("np", "numpy") and any(
+                isinstance(self.eval(a.value), ir.Node) for a in call.args if not a.star
+            ):
+                # ``np.exp(neg_log_ratio)`` of an array copied out of a tensor
+                # (``lp.detach().cpu().numpy()``): the same arithmetic as
+                # torch's, on values without a graph.
+                return self.lift1(self.call_torch(name, call, args, kwargs), ir.detach)
             return Unknown(code(call), (name,), call=True, numpy=True)
         if namespace == "torch":
             return self.call_torch(name, call, args, kwargs)

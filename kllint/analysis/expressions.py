@@ -1326,8 +1326,15 @@ class Expressions(Frame):
     ) -> Instance:
         raise NotImplementedError
 
+    def callable_of_type(self, name: str, fn: cst.FunctionDef) -> Instance | None:
+        raise NotImplementedError
+
     def eval_subscript(self, expr: cst.Subscript) -> Value:
         base = self.eval(expr.value)
+        if _reversed_along_time(expr) and isinstance(base, (ir.Node, Flipped)):
+            # ``np.cumsum(log_ratio[::-1])[::-1]``: NumPy's flip of the last
+            # axis (torch has no negative step), so a reward-to-go.
+            return base.node if isinstance(base, Flipped) else Flipped(base)
         if _picks_tokens(expr):
             # ``logp[torch.arange(T), ids[0, P:]]``: each position's sampled
             # token, as ``gather`` picks it.
@@ -2263,3 +2270,24 @@ def _loops(loop: cst.CompFor | None) -> Iterator[cst.CompFor]:
     while loop is not None:
         yield loop
         loop = loop.inner_for_in
+
+
+def _reversed_along_time(expr: cst.Subscript) -> bool:
+    """``x[::-1]``, ``x[:, ::-1]``: the last axis read backwards, the others whole."""
+    *others, last = expr.slice
+
+    def whole(element: cst.SubscriptElement, step: str | None) -> bool:
+        piece = element.slice
+        if not isinstance(piece, cst.Slice) or piece.lower is not None or piece.upper is not None:
+            return False
+        if step is None:
+            return piece.step is None
+        given = piece.step
+        return (
+            isinstance(given, cst.UnaryOperation)
+            and isinstance(given.operator, cst.Minus)
+            and isinstance(given.expression, cst.Integer)
+            and given.expression.value == step
+        )
+
+    return whole(last, "1") and all(whole(e, None) for e in others)
