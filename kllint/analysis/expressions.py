@@ -783,7 +783,7 @@ class Expressions(Frame):
             and self.cls is not None
             and self.function_name != "__init__"
         ):
-            built = self.built_in_init(attr)
+            built = self.built_in_init(attr) or self.held_from_init(attr)
             if built is not None:
                 return built
             setting = self.setting_in_init(attr)
@@ -998,6 +998,21 @@ class Expressions(Frame):
         if ref is None or "staticmethod" not in decorator_names(ref.node):
             return None
         return ref
+
+    def held_from_init(self, attr: str) -> Instance | None:
+        """``self.kl_regularizer = kl_regularizer`` in ``__init__``, of a
+        parameter annotated with a called class of the project
+        (``kl_regularizer: KLRegularizer``): an object of that class."""
+        assert self.cls is not None
+        if not selectors.holds_a_parameter(self.module, self.cls, attr):
+            return None
+        init = _constructor(self.cls, attr)
+        if init is None:
+            return None
+        held = _init_assignments(init).get(attr, [])
+        if len(held) != 1 or not isinstance(held[0], cst.Name):
+            return None
+        return self.callable_of_type(held[0].value, init)
 
     def built_in_init(self, attr: str) -> Instance | None:
         """``self.kl_loss_fn`` set once in ``__init__`` to an object of a

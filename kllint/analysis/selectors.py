@@ -486,6 +486,16 @@ def builds_object(module: ModuleInfo, cls: ClassInfo, attr: str) -> bool:
     return attr in _self_attributes(module, cls)[1]
 
 
+def holds_a_parameter(module: ModuleInfo, cls: ClassInfo, attr: str) -> bool:
+    """Some line of the class sets ``self.attr = name``, a bare name (a
+    constructor's parameter, ``self.kl_regularizer = kl_regularizer``)."""
+    key = (module.path, cls.name)
+    known = _HELD_NAMES.get(key)
+    if known is None:
+        known = _HELD_NAMES[key] = frozenset(_HELD.findall(_class_text(module, cls)))
+    return attr in known
+
+
 def _self_assignments(module: ModuleInfo, cls: ClassInfo, attr: str) -> int:
     """How many lines of the class assign ``self.attr``."""
     return _self_attributes(module, cls)[0].get(attr, 0)
@@ -545,6 +555,8 @@ _TUPLE_TARGETS = re.compile(
 # ``self.kl = KLLoss(...)``, or a class picked from a registry and built
 # (``self.kl_fn = KL_MODULES[cfg.kl_estimator]()``, ``KL_LOSSES[lc["kl"]]()``),
 # or by a classmethod factory (``KLPenalty.from_config(args)``).
+_HELD = re.compile(r"^[ \t]+self\.(\w+)\s*(?::[^=\n]+)?=\s*[A-Za-z_]\w*[ \t]*$", re.M)
+_HELD_NAMES: dict[tuple[Path, str], frozenset[str]] = {}
 _BUILT = re.compile(
     r"self\.(\w+)\s*=\s*\(?\s*_*[A-Z]\w*(?:\.\w+)?\s*(?:\[(?:[^\[\]\n]|\[[^\]\n]*\])*\]\s*)?\("
 )
