@@ -1097,9 +1097,8 @@ class Calls(Expressions):
                     return reduced
         namespace = lowering.namespace(module, level)
         if namespace == "no-autograd":
-            if module.split(".")[0] in ("np", "numpy") and any(
-                isinstance(self.eval(a.value), ir.Node) for a in call.args if not a.star
-            ):
+            given = [self.eval(a.value) for a in call.args if not a.star]
+            if module.split(".")[0] in ("np", "numpy") and any(map(_copied_out, given)):
                 # ``np.exp(neg_log_ratio)`` of an array copied out of a tensor
                 # (``lp.detach().cpu().numpy()``): the same arithmetic as
                 # torch's, on values without a graph.
@@ -1659,6 +1658,17 @@ def _behaviour_kl(value: Value) -> bool:
         and value.has_role(Role.REFERENCE_LOGP)
         and value.has_role(Role.OLD_LOGP)
         and not ir.depends_on_policy(value)
+    )
+
+
+def _copied_out(value: Value) -> bool:
+    """An array copied out of a tensor (``lp.detach().cpu().numpy()``, and
+    arithmetic on such arrays): values without a graph. A tensor handed to
+    NumPy as it is (``np.asarray(logps)``) is not followed."""
+    return (
+        isinstance(value, ir.Node)
+        and not ir.depends_on_policy(value)
+        and any(ir.is_detached(node) for node in value.walk())
     )
 
 

@@ -1452,9 +1452,7 @@ class Interpreter(Calls):
         called_once_here = (
             self.call_site is None and of_this_file and (called_once or self.dispatched(ref, call))
         )
-        alone = (
-            called_once_here and not sinks.steerable(ref.node) and not _steered_by_its_object(ref)
-        )
+        alone = called_once_here and not sinks.steerable(ref.node)
         # Given only logits, the helper forms the log-probs and the estimate
         # itself; a setting passed on to it (``cfg.kl_mode``, not a literal the
         # call names) leaves the choice to the helper's branch.
@@ -1712,26 +1710,6 @@ class Interpreter(Calls):
         if isinstance(result, Seq):
             return Seq([item if keep(item) else credited for item in result.items])
         return result if keep(result) else credited
-
-
-def _steered_by_its_object(ref: FuncRef) -> bool:
-    """A method that reads a setting its object was built with
-    (``KLRegularizer(beta, reduction="token")`` whose ``__call__`` branches
-    on ``self.reduction``): the choice is the builder's, judged at the call."""
-    if ref.cls is None or not ref.bound:
-        return False
-    init = ref.cls.methods.get("__init__")
-    names = ref.module.sketch.functions.get((ref.cls.name, ref.name))
-    if init is None or names is None:
-        return False
-    init_node = init if isinstance(init, cst.FunctionDef) else None
-    if init_node is None:
-        return False
-    return any(
-        param.name.value in names.identifiers
-        for param in named_params(init_node)
-        if sinks.steerable_parameter(param)
-    )
 
 
 def _defect_of_its_own(value: Value, maximised: bool = False) -> bool:

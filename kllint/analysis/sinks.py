@@ -419,17 +419,16 @@ def backpropagated_elements(
 
 def steerable(fn: cst.FunctionDef) -> bool:
     """A parameter may choose the estimator (a string default, ``kl_type``)."""
-    return any(steerable_parameter(param) for param in named_params(fn))
-
-
-def steerable_parameter(param: cst.Param) -> bool:
-    if isinstance(param.default, (cst.SimpleString, cst.ConcatenatedString)):
-        return True
-    return bool(set(roles.words(param.name.value)) & _STEERING_WORDS) and not (
-        # ``kl_penalty_coef=0.05``: how much of the penalty, not which.
-        roles.has_words(param.name.value, roles.COEFFICIENT_WORDS)
-        or isinstance(param.default, cst.Float)
-    )
+    for param in named_params(fn):
+        if isinstance(param.default, (cst.SimpleString, cst.ConcatenatedString)):
+            return True
+        if set(roles.words(param.name.value)) & _STEERING_WORDS and not (
+            # ``kl_penalty_coef=0.05``: how much of the penalty, not which.
+            roles.has_words(param.name.value, roles.COEFFICIENT_WORDS)
+            or isinstance(param.default, cst.Float)
+        ):
+            return True
+    return False
 
 
 def caller_description(caller: Caller, function_name: str) -> str:
