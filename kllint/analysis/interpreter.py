@@ -2594,18 +2594,24 @@ def inherited_hook_callers(
             names = where.sketch.functions.get((base.name, name))
             if name == "__init__" or names is None:
                 continue
-            seen_by_base = {id(c) for c, _ in project.lineage(base, where)}
-            called, read = _reach(order, names)
-            if _rebound(order, seen_by_base, called, read):
+            # A class with one base leaves to that base what the base's own
+            # order already resolves (its rerun covers it): only what the class
+            # itself defines counts. A class that mixes several bases in counts
+            # all that the defining base does not see.
+            single = len(cls.bases) == 1 and len(order) > 1
+            seen_by_base = {
+                id(c) for c, _ in (order[1:] if single else project.lineage(base, where))
+            }
+            # A hook counts where the method calls it; a setting also where a
+            # method it calls reads it (``prepare`` calling ``apply_kl_penalty``,
+            # which reads ``self.kl_penalty_type``).
+            if _rebound(order, seen_by_base, names.called, _reach(order, names)):
                 yield FuncRef(base.methods[name], where, base, bound=True), cls
 
 
-def _reach(
-    order: list[tuple[ClassInfo, ModuleInfo]], names: FunctionNames
-) -> tuple[set[str], set[str]]:
-    """The names a method calls and reads, with those of the methods of
-    ``order`` it calls on ``self`` (``prepare`` calling ``apply_kl_penalty``,
-    which reads ``self.kl_penalty_type``)."""
+def _reach(order: list[tuple[ClassInfo, ModuleInfo]], names: FunctionNames) -> set[str]:
+    """The names a method reads, with those of the methods of ``order`` it
+    calls on ``self``, and so on."""
     called, read = set(names.called), set(names.identifiers)
     pending = list(called)
     while pending:
@@ -2618,7 +2624,7 @@ def _reach(
                     called |= more.called
                     read |= more.identifiers
                 break
-    return called, read
+    return read
 
 
 def _rebound(
@@ -2637,7 +2643,7 @@ def _rebound(
             if (
                 name != "__init__"
                 and not any(name in c.methods for c, _ in earlier)
-                and _may_shape_a_kl(where, current.name, name)
+                and _may_shape_a_kl(where, current.name, name, mixed=len(order[0][0].bases) > 1)
             ):
                 return True
         if not any(where.may_assign_in_a_body(name) for name in read):
@@ -2657,11 +2663,16 @@ def _rebound(
 _HOOK_WORDS = roles.LOGPROB_WORDS | roles.KL_WORDS | {"ratio", "ratios"}
 
 
-def _may_shape_a_kl(module: ModuleInfo, cls: str, name: str) -> bool:
-    """An override that can change a KL term: it may compute one, or it
-    works on log-probs or their ratios (not ``_save_checkpoint``)."""
+def _may_shape_a_kl(module: ModuleInfo, cls: str, name: str, *, mixed: bool) -> bool:
+    """An override that can change a KL term: it may compute one, or, in a
+    class that mixes several bases in, it works on log-probs or their ratios
+    (a mixin's ``_aggregate_log_ratio``; not ``_save_checkpoint``). A single
+    chain of subclasses (an engine per backend) is reread only for the
+    first kind."""
     if roles.sketch_may_compute_kl(module.sketch, cls, name):
         return True
+    if not mixed:
+        return False
     names = module.sketch.functions.get((cls, name))
     return names is not None and any(
         roles.has_words(identifier, _HOOK_WORDS) for identifier in names.identifiers

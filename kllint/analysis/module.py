@@ -398,7 +398,8 @@ class ModuleInfo:
         built, whatever it is called."""
         if self._frozen_copies is None:
             found = set()
-            for match in _DEEP_COPY.finditer(self.source):
+            copies = _DEEP_COPY.finditer(self.source) if "deepcopy(" in self.source else ()
+            for match in copies:
                 name, rest = match.group(1), match.group(2)
                 if _FREEZES.search(rest) or re.search(
                     rf"\b{re.escape(name)}(?:\.requires_grad_\(False\)|\.eval\(\)"
@@ -410,10 +411,10 @@ class ModuleInfo:
         return self._frozen_copies
 
     def may_assign_in_a_body(self, name: str) -> bool:
-        """Whether some indented line of the file assigns a bare ``name``
-        (a class body's ``use_kl_loss = False``, or a local of a function):
-        the text test that spares reading a class's fields for a name no
-        class body can hold."""
+        """Whether some line one level in assigns a bare ``name`` (a class
+        body's ``use_kl_loss = False``, or a ``__main__`` block's): the text
+        test that spares reading a class's fields for a name no class body
+        of the file holds."""
         if self._indented_assignments is None:
             self._indented_assignments = frozenset(_INDENTED_ASSIGNMENT.findall(self.source))
         return name in self._indented_assignments
@@ -1229,9 +1230,10 @@ def _function_names(source: str, classes: dict[str, list[str]]) -> dict[Function
 # ``self.snapshot = copy.deepcopy(policy)...``: the name and the rest of the line.
 _DEEP_COPY = re.compile(r"(?:\bself\.)?\b(\w+)\s*=\s*(?:copy\.)?deepcopy\(([^\n]*)")
 _FREEZES = re.compile(r"\.requires_grad_\(False\)|\.eval\(\)")
-# ``    use_kl_loss = False``, ``    kl_estimator: str = "k3"``: an indented
-# assignment to a bare name.
-_INDENTED_ASSIGNMENT = re.compile(r"^[ \t]+([A-Za-z_]\w*)[ \t]*(?::[^=\n]*)?=(?!=)", re.M)
+# ``    use_kl_loss = False``, ``    kl_estimator: str = "k3"``: an assignment to a
+# bare name one level in, where the body of a top-level class is (a method's locals
+# are deeper).
+_INDENTED_ASSIGNMENT = re.compile(r"^(?:    |\t)([A-Za-z_]\w*)[ \t]*(?::[^=\n]*)?=(?!=)", re.M)
 _HEADER = re.compile(
     r"^([ \t]*)(?:async[ \t]+)?(def|class)[ \t]+([A-Za-z_][A-Za-z0-9_]*)(?:\(([^)]*)\))?", re.M
 )

@@ -487,12 +487,18 @@ def builds_object(module: ModuleInfo, cls: ClassInfo, attr: str) -> bool:
 
 
 def holds_a_parameter(module: ModuleInfo, cls: ClassInfo, attr: str) -> bool:
-    """Some line of the class sets ``self.attr = name``, a bare name (a
-    constructor's parameter, ``self.kl_regularizer = kl_regularizer``)."""
+    """Some line of the class sets ``self.attr = name``, a bare name that
+    the class's text annotates with a class (a constructor's parameter,
+    ``self.kl_regularizer = kl_regularizer`` of ``kl_regularizer:
+    KLRegularizer``)."""
     key = (module.path, cls.name)
     known = _HELD_NAMES.get(key)
     if known is None:
-        known = _HELD_NAMES[key] = frozenset(_HELD.findall(_class_text(module, cls)))
+        text = _class_text(module, cls)
+        typed = set(_TYPED_PARAMETER.findall(text))
+        known = _HELD_NAMES[key] = frozenset(
+            held for held, name in _HELD.findall(text) if name in typed
+        )
     return attr in known
 
 
@@ -555,7 +561,8 @@ _TUPLE_TARGETS = re.compile(
 # ``self.kl = KLLoss(...)``, or a class picked from a registry and built
 # (``self.kl_fn = KL_MODULES[cfg.kl_estimator]()``, ``KL_LOSSES[lc["kl"]]()``),
 # or by a classmethod factory (``KLPenalty.from_config(args)``).
-_HELD = re.compile(r"^[ \t]+self\.(\w+)\s*(?::[^=\n]+)?=\s*[A-Za-z_]\w*[ \t]*$", re.M)
+_HELD = re.compile(r"^[ \t]+self\.(\w+)\s*(?::[^=\n]+)?=\s*([A-Za-z_]\w*)[ \t]*$", re.M)
+_TYPED_PARAMETER = re.compile(r"\b(\w+)\s*:\s*_*[A-Z]\w*\s*[,)=]")
 _HELD_NAMES: dict[tuple[Path, str], frozenset[str]] = {}
 _BUILT = re.compile(
     r"self\.(\w+)\s*=\s*\(?\s*_*[A-Z]\w*(?:\.\w+)?\s*(?:\[(?:[^\[\]\n]|\[[^\]\n]*\])*\]\s*)?\("
