@@ -370,25 +370,21 @@ def _verdicts(sinks: list[Sink], path: str) -> list[_Verdict]:
             and all(id(s.node) in right_by_default for s in v.sinks)
         )
     ]
-    verdicts = [
-        v
-        for v in verdicts
-        if any(s.strong for s in v.sinks)
-        or not (
-            id(v.site.origin.cst_node) in right_in_a_loss
-            # Read alone, a helper that a loss function inlines whole.
-            or all(id(s.function_node) in right_in_a_loss for s in v.sinks)
-        )
-    ]
     verdicts = _as_run(
-        verdicts, right_where_run, {key for key, right in right_in_a_caller.items() if right}
+        verdicts,
+        right_where_run,
+        right_in_a_loss,
+        {key for key, right in right_in_a_caller.items() if right},
     )
     paired = _right_together(verdicts)
     return _one_per_expression([v for v in _kept(verdicts, cleared) if id(v) not in paired])
 
 
 def _as_run(
-    verdicts: list[_Verdict], right_where_run: set[int], right_in_callers: set[int]
+    verdicts: list[_Verdict],
+    right_where_run: set[int],
+    right_in_a_loss: set[int],
+    right_in_callers: set[int],
 ) -> list[_Verdict]:
     """What the training step runs decides an estimate's verdict. A loss
     function read alone (``compute_actor_loss(data, config)``) guesses what
@@ -398,7 +394,9 @@ def _as_run(
     alone is dropped when the backward pass judged it right or reached
     another rule there. So is one of a training step read alone (``exp``
     unknown) whose backward pass a caller inlined and judged right
-    (``trainer.train_step(trainer.make_experience(batch))``)."""
+    (``trainer.train_step(trainer.make_experience(batch))``). And a
+    variable named as a loss on the way (``per_token_loss1``) is not judged
+    alone where the loss function returns its estimate right."""
     run: dict[int, set[str]] = {}
     for v in verdicts:
         if any(s.backward for s in v.sinks):
@@ -420,6 +418,12 @@ def _as_run(
             or all(id(s.function_node) in right_where_run for s in v.sinks)
         ):
             continue
+        if not any(s.strong for s in v.sinks) and (
+            origin in right_in_a_loss
+            # Read alone, a helper that a loss function inlines whole.
+            or all(id(s.function_node) in right_in_a_loss for s in v.sinks)
+        ):
+            continue  # a part, on the way, of a loss that is right as returned
         kept.append(v)
     return kept
 

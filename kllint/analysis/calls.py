@@ -1363,8 +1363,7 @@ class Calls(Expressions):
                 assumed=f"`{full_code(call.func)}` could not be followed: taken for a "
                 "policy-gradient loss of the log-probs weighted by the returns it is given",
             )
-            score = ir.Unary("exp", ir.binary("sub", scores[0], ir.detach(scores[0])))
-            weighted = ir.neg(ir.binary("mul", estimate, score, origin), origin)
+            weighted = ir.policy_gradient(estimate, scores[0], origin)
             return ir.Reduce("mean", ir.Axis.ALL, weighted, origin=origin)
         origin = replace(
             self.origin(call),

@@ -1033,7 +1033,7 @@ class Interpreter(Calls):
             return ir.CumSum(a, reverse=True, origin=origin) if rewards else a
 
         def surrogate(a: ir.Node) -> ir.Node:
-            return ir.neg(ir.Binary("mul", credited(a), policy, origin=origin), origin)
+            return ir.policy_gradient(credited(a), policy, origin)
 
         # Each path keeps its condition, also a lone one (the KL reward behind
         # ``if kl_placement == "reward"``, the other path's rewards unread).
@@ -2590,22 +2590,21 @@ def inherited_hook_callers(
         if not cls.bases or (cls.name in mixed and used[cls.name] == mixed[cls.name] + 1):
             continue
         order = list(project.lineage(cls, module))
+        mixes = len(cls.bases) > 1
+        # A class with one base leaves to that base what the base's own order
+        # already resolves (its rerun covers it): only what the class itself
+        # defines counts. A class that mixes several bases in counts all that
+        # the defining base does not see.
+        above = {id(c) for c, _ in order[1:]} if not mixes and len(order) > 1 else None
         for name, base, where in project.inherited(cls, module):
             names = where.sketch.functions.get((base.name, name))
             if name == "__init__" or names is None:
                 continue
-            # A class with one base leaves to that base what the base's own
-            # order already resolves (its rerun covers it): only what the class
-            # itself defines counts. A class that mixes several bases in counts
-            # all that the defining base does not see.
-            single = len(cls.bases) == 1 and len(order) > 1
-            seen_by_base = {
-                id(c) for c, _ in (order[1:] if single else project.lineage(base, where))
-            }
+            seen_by_base = above or {id(c) for c, _ in project.lineage(base, where)}
             # A hook counts where the method calls it; a setting also where a
             # method it calls reads it (``prepare`` calling ``apply_kl_penalty``,
             # which reads ``self.kl_penalty_type``).
-            if _rebound(order, seen_by_base, names.called, _reach(order, names)):
+            if _rebound(order, seen_by_base, names.called, _reach(order, names), mixes):
                 yield FuncRef(base.methods[name], where, base, bound=True), cls
 
 
@@ -2632,9 +2631,10 @@ def _rebound(
     seen_by_base: set[int],
     called: set[str],
     read: set[str],
+    mixed: bool,
 ) -> bool:
-    """Whether a method called or a setting read off the class resolves, in ``order``, to a class that the base's
-    own order does not hold."""
+    """Whether a method called or a setting read off the class resolves, in
+    ``order``, to a class that the base's own order does not hold."""
     for index, (current, where) in enumerate(order):
         if id(current) in seen_by_base:
             continue
@@ -2643,7 +2643,7 @@ def _rebound(
             if (
                 name != "__init__"
                 and not any(name in c.methods for c, _ in earlier)
-                and _may_shape_a_kl(where, current.name, name, mixed=len(order[0][0].bases) > 1)
+                and _may_shape_a_kl(where, current.name, name, mixed=mixed)
             ):
                 return True
         if not any(where.may_assign_in_a_body(name) for name in read):
@@ -2735,26 +2735,18 @@ def _wrapper_return(
     if not (isinstance(line, cst.SimpleStatementLine) and isinstance(line.body[0], cst.Return)):
         return None
     expression = line.body[0].value
+    if expression is None:
+        return None
     calls = [
         node
-        for node in _calls_in(expression)
-        if isinstance(node.func, cst.Name) and node.func.value == wrapped
+        for node in descendants(expression)
+        if isinstance(node, cst.Call)
+        and isinstance(node.func, cst.Name)
+        and node.func.value == wrapped
     ]
-    if expression is None or len(calls) != 1 or expression is calls[0]:
+    if len(calls) != 1 or expression is calls[0]:
         return None
     return expression, calls[0]
-
-
-def _calls_in(expression: cst.BaseExpression | None) -> list[cst.Call]:
-    found: list[cst.Call] = []
-
-    class _Calls(cst.CSTVisitor):
-        def visit_Call(self, node: cst.Call) -> None:
-            found.append(node)
-
-    if expression is not None:
-        expression.visit(_Calls())
-    return found
 
 
 def _walk_defs(body: cst.BaseSuite) -> Iterator[cst.FunctionDef]:

@@ -257,6 +257,13 @@ def binary(op: str, left: Node, right: Node, origin: Origin | None = None) -> No
     return Binary(op, left, right, origin=origin)
 
 
+def policy_gradient(weight: Node, logp: Node, origin: Origin | None = None) -> Node:
+    """``-(weight * logp)``: the loss of a policy gradient weighted by
+    rewards, returns or advantages, as kllint stands in for a loss it cannot
+    read (whatever its clipping, its expected gradient on-policy)."""
+    return neg(Binary("mul", weight, logp, origin=origin), origin)
+
+
 def detach(x: Node, origin: Origin | None = None) -> Node:
     if isinstance(x, (Const, Opaque)) or (isinstance(x, Unary) and x.op == "detach"):
         return x

@@ -561,12 +561,14 @@ _TUPLE_TARGETS = re.compile(
 # ``self.kl = KLLoss(...)``, or a class picked from a registry and built
 # (``self.kl_fn = KL_MODULES[cfg.kl_estimator]()``, ``KL_LOSSES[lc["kl"]]()``),
 # or by a classmethod factory (``KLPenalty.from_config(args)``).
-_HELD = re.compile(r"^[ \t]+self\.(\w+)\s*(?::[^=\n]+)?=\s*([A-Za-z_]\w*)[ \t]*$", re.M)
-_TYPED_PARAMETER = re.compile(r"\b(\w+)\s*:\s*_*[A-Z]\w*\s*[,)=]")
-_HELD_NAMES: dict[tuple[Path, str], frozenset[str]] = {}
 _BUILT = re.compile(
     r"self\.(\w+)\s*=\s*\(?\s*_*[A-Z]\w*(?:\.\w+)?\s*(?:\[(?:[^\[\]\n]|\[[^\]\n]*\])*\]\s*)?\("
 )
+# ``self.kl_regularizer = kl_regularizer``: an attribute set to a bare name, and
+# ``kl_regularizer: KLRegularizer``, a name annotated with a class.
+_HELD = re.compile(r"^[ \t]+self\.(\w+)\s*(?::[^=\n]+)?=\s*([A-Za-z_]\w*)[ \t]*$", re.M)
+_TYPED_PARAMETER = re.compile(r"\b(\w+)\s*:\s*_*[A-Z]\w*\s*[,)=]")
+_HELD_NAMES: dict[tuple[Path, str], frozenset[str]] = {}
 # ``self.shaper: RewardShaper = KLShaper(...)`` reads as ``self.shaper = KLShaper(...)``.
 _ANNOTATION = re.compile(r"(?m)^([ \t]*self\.\w+)[ \t]*:[^=\n]+=(?!=)")
 _SELF_ATTRIBUTES: dict[tuple[Path, str], tuple[Counter[str], frozenset[str]]] = {}
