@@ -140,6 +140,20 @@ def descendants(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
         stack.extend(children(current))
 
 
+def parents(root: cst.CSTNode) -> dict[int, cst.CSTNode]:
+    """The parent of every node below ``root``, by the child's identity. Read
+    from the nodes' fields: a LibCST visitor rebuilds every node it passes,
+    the cost of a transform of the whole tree."""
+    parent: dict[int, cst.CSTNode] = {}
+    stack = [root]
+    while stack:
+        current = stack.pop()
+        for child in children(current):
+            parent[id(child)] = current
+            stack.append(child)
+    return parent
+
+
 def children(node: cst.CSTNode) -> list[cst.CSTNode]:
     """The nodes directly below ``node``, from its fields (LibCST's
     ``children`` runs a visitor)."""

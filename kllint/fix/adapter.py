@@ -55,6 +55,7 @@ class Analysis:
     site, correct or not (a rewrite is confirmed from these)."""
 
     module: cst.Module
+    source: str  # the text the module was parsed from (LibCST's code of it)
     findings: list[Finding]
     sites: list[RewrittenSite]
     places: Places = field(repr=False)
@@ -88,7 +89,7 @@ class Reader:
         # not the value optimised: its sites say nothing of the rewrite.
         found = [_rewritten(site) for site in result.sites if not site.loss_detached]
         findings = [f for f in result.findings if f.code in self.settings.select]
-        return Analysis(result.module, findings, found, Places(result.module, source))
+        return Analysis(result.module, source, findings, found, Places(result.module, source))
 
 
 def target(finding: Finding) -> Target | None:

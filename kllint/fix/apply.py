@@ -9,13 +9,14 @@ import difflib
 import os
 import stat
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import libcst as cst
 
+from kllint.analysis import syntax
 from kllint.fix.plan import Plan
 
 BOM = "\ufeff"
@@ -52,45 +53,41 @@ class Edit:
         }
 
 
-def parents(module: cst.Module, nodes: Sequence[cst.CSTNode]) -> dict[int, cst.CSTNode]:
-    """The parent of each of ``nodes`` (by identity) in ``module``."""
-    visitor = _Parents({id(n) for n in nodes})
-    module.visit(visitor)
-    return visitor.parent
+class _Replace(cst.CSTTransformer):
+    """Replaces nodes by identity, descending only along the paths to them:
+    a transformer rebuilds every node it enters, and a rewrite touches a
+    few expressions of a long file."""
 
-
-class _Parents(cst.CSTVisitor):
-    def __init__(self, wanted: set[int]) -> None:
-        self.wanted = wanted
-        self.parent: dict[int, cst.CSTNode] = {}
-        self.stack: list[cst.CSTNode] = []
+    def __init__(self, replacements: dict[int, cst.CSTNode], on_path: set[int]) -> None:
+        self.replacements = replacements
+        self.on_path = on_path
 
     def on_visit(self, node: cst.CSTNode) -> bool:
-        if id(node) in self.wanted and self.stack:
-            self.parent[id(node)] = self.stack[-1]
-        self.stack.append(node)
-        return True
-
-    def on_leave(self, original_node: cst.CSTNode) -> None:
-        self.stack.pop()
-
-
-class _Replace(cst.CSTTransformer):
-    def __init__(self, replacements: dict[int, cst.CSTNode]) -> None:
-        self.replacements = replacements
+        return id(node) in self.on_path
 
     def on_leave(self, original_node: Any, updated_node: Any) -> Any:
         return self.replacements.get(id(original_node), updated_node)
 
 
-def rewrite(module: cst.Module, plans: Sequence[Plan]) -> str:
+def rewrite(
+    module: cst.Module,
+    plans: Sequence[Plan],
+    parent_of: Mapping[int, cst.CSTNode] | None = None,
+) -> str:
     """The module's text with every plan applied (one pass; a plan nested in
-    another's node is superseded by the outer one)."""
+    another's node is superseded by the outer one). ``parent_of``: the
+    module's parents by identity, where the caller has them."""
     if not plans:
         return module.code
-    parent_of = parents(module, [p.node for p in plans])
+    if parent_of is None:
+        parent_of = syntax.parents(module)
+    on_path: set[int] = {id(module)}
     replacements: dict[int, cst.CSTNode] = {}
     for p in plans:
+        above = parent_of.get(id(p.node))
+        while above is not None and id(above) not in on_path:
+            on_path.add(id(above))
+            above = parent_of.get(id(above))
         replacement = p.replacement
         parent = parent_of.get(id(p.node))
         if isinstance(replacement, cst.BaseExpression) and not replacement.lpar:
@@ -99,7 +96,7 @@ def rewrite(module: cst.Module, plans: Sequence[Plan]) -> str:
                     lpar=[cst.LeftParen()], rpar=[cst.RightParen()]
                 )
         replacements[id(p.node)] = replacement
-    return module.visit(_Replace(replacements)).code
+    return module.visit(_Replace(replacements, on_path)).code
 
 
 def edit(old: str, new: str) -> Edit:

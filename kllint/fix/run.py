@@ -218,7 +218,7 @@ def _fix_file(
         again, _ = plan([t for f in rewritten.findings if (t := adapter.target(f))])
         old_keys = {verify.key(f) for f in analysis.findings}
         fresh = [p for p in again if not any(verify.key(f) in old_keys for f in p.findings)]
-        return rewrite(rewritten.module, fresh)
+        return rewrite(rewritten.module, fresh) if fresh else rewritten.source
 
     offered: list[Plan] = []
     for group in groups.values():
@@ -274,7 +274,7 @@ def _fix_file(
         or (unsafe and p.applicability is Applicability.UNSAFE)
     ]
     if chosen:
-        together = rewrite(analysis.module, chosen)
+        together = rewrite(analysis.module, chosen, scope.parent)
         outcome = verify.check_module(path, together, chosen, analysis.findings, reader, replan)
         if outcome.problem is None:
             out.new = together
@@ -381,7 +381,7 @@ def _verified(
     for flip in (False, True):
         if flip:
             attempt = negated(p)
-        alone = rewrite(analysis.module, [attempt])
+        alone = rewrite(analysis.module, [attempt], scope.parent)
         e = edit(source, alone)
         outcome = verify.check_module(path, alone, [attempt], analysis.findings, reader, replan)
         if outcome.rewritten is not None:

@@ -7,24 +7,10 @@ from __future__ import annotations
 
 import libcst as cst
 
+from kllint.analysis import syntax
 from kllint.driver import Places
 
 Position = tuple[int, int]
-
-
-class _Parents(cst.CSTVisitor):
-    def __init__(self) -> None:
-        self.parent: dict[int, cst.CSTNode] = {}
-        self.stack: list[cst.CSTNode] = []
-
-    def on_visit(self, node: cst.CSTNode) -> bool:
-        if self.stack:
-            self.parent[id(node)] = self.stack[-1]
-        self.stack.append(node)
-        return True
-
-    def on_leave(self, original_node: cst.CSTNode) -> None:
-        self.stack.pop()
 
 
 class Scope:
@@ -35,9 +21,8 @@ class Scope:
         # Where the nodes are, from the analysis's own positions (computed
         # per function, as its findings are placed): they order a function's names.
         self.places = places
-        visitor = _Parents()
-        module.visit(visitor)
-        self.parent = visitor.parent
+        self.parent = syntax.parents(module)
+        self._occurrences: dict[int, _Occurrences] = {}
 
     def parent_of(self, node: cst.CSTNode) -> cst.CSTNode | None:
         return self.parent.get(id(node))
@@ -121,12 +106,18 @@ class Scope:
         if root in names:
             return True
         here = self._start(self.statement_of(node), fn)
-        bindings = [self._start(n, fn) for n in _bindings(fn, root)]
+        bindings = [self._start(n, fn) for n in self._in(fn).bindings.get(root, [])]
         if bindings:
             return any(b < here for b in bindings)
         # Not bound in the function: a module-level name (an import, a
         # constant, a function), never one the rewrite would invent.
         return root in _module_names(self.module)
+
+    def _in(self, fn: cst.FunctionDef) -> _Occurrences:
+        found = self._occurrences.get(id(fn))
+        if found is None:
+            found = self._occurrences[id(fn)] = _Occurrences(fn)
+        return found
 
     def assigned_name(self, node: cst.CSTNode) -> str | None:
         """``v`` when ``node`` is the whole value of ``v = node``."""
@@ -161,8 +152,13 @@ class Scope:
         if fn is None:
             return []
         after = self._end(self.statement_of(node), fn)
-        stores = {id(n) for n in _bindings(fn, name)}
-        found = [n for n in _names(fn, name) if id(n) not in stores and self._start(n, fn) >= after]
+        occurrences = self._in(fn)
+        stores = {id(n) for n in occurrences.bindings.get(name, [])}
+        found = [
+            n
+            for n in occurrences.names.get(name, [])
+            if id(n) not in stores and self._start(n, fn) >= after
+        ]
         return sorted(found, key=lambda n: self._start(n, fn))
 
 
@@ -289,54 +285,36 @@ def _read_names(expression: str) -> set[str] | None:
     return reads.names
 
 
-class _Collect(cst.CSTVisitor):
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.names: list[cst.Name] = []
-        self.bindings: list[cst.Name] = []
+class _Occurrences:
+    """Every ``Name`` in a function's body, by identifier, and those a
+    statement binds (assignment and loop targets, ``as`` names, walrus)."""
 
-    def visit_Name(self, node: cst.Name) -> None:
-        if node.value == self.name:
-            self.names.append(node)
+    def __init__(self, fn: cst.FunctionDef) -> None:
+        self.names: dict[str, list[cst.Name]] = {}
+        self.bindings: dict[str, list[cst.Name]] = {}
+        for node in syntax.descendants(fn.body):
+            kind = type(node)
+            if isinstance(node, cst.Name):
+                self.names.setdefault(node.value, []).append(node)
+            elif kind in _BINDING_TARGETS:
+                self._bind(getattr(node, _BINDING_TARGETS[kind]))
 
-    def _bind(self, target: cst.BaseExpression) -> None:
-        if isinstance(target, cst.Name) and target.value == self.name:
-            self.bindings.append(target)
+    def _bind(self, target: object) -> None:
+        if isinstance(target, cst.Name):
+            self.bindings.setdefault(target.value, []).append(target)
         elif isinstance(target, (cst.Tuple, cst.List)):
             for element in target.elements:
                 self._bind(element.value)
         elif isinstance(target, cst.StarredElement):
             self._bind(target.value)
 
-    def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
-        self._bind(node.target)
 
-    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
-        self._bind(node.target)
-
-    def visit_AugAssign(self, node: cst.AugAssign) -> None:
-        self._bind(node.target)
-
-    def visit_For(self, node: cst.For) -> None:
-        self._bind(node.target)
-
-    def visit_AsName(self, node: cst.AsName) -> None:
-        if isinstance(node.name, cst.BaseExpression):
-            self._bind(node.name)
-
-    def visit_NamedExpr(self, node: cst.NamedExpr) -> None:
-        self._bind(node.target)
-
-
-def _collect(fn: cst.FunctionDef, name: str) -> _Collect:
-    visitor = _Collect(name)
-    fn.body.visit(visitor)
-    return visitor
-
-
-def _bindings(fn: cst.FunctionDef, name: str) -> list[cst.Name]:
-    return _collect(fn, name).bindings
-
-
-def _names(fn: cst.FunctionDef, name: str) -> list[cst.Name]:
-    return _collect(fn, name).names
+# The field of each binding statement or clause that holds what it binds.
+_BINDING_TARGETS: dict[type[cst.CSTNode], str] = {
+    cst.AssignTarget: "target",
+    cst.AnnAssign: "target",
+    cst.AugAssign: "target",
+    cst.For: "target",
+    cst.AsName: "name",
+    cst.NamedExpr: "target",
+}
