@@ -261,6 +261,14 @@ class Calls(Expressions):
         if name == "dict" and not args and call.args:
             # ``dict(advantages=advantages, ...)``: the dict written out.
             return self.written_record(call, ())
+        if name == "dict" and len(args) == 1 and kwargs and _names_a_value(args[0].value):
+            # ``dict(data, kl=torch.cat(kl_chunks))``: a copy of a batch with
+            # entries added, read back as ``mb["kl"]``; as ``{**data, "kl": ...}``.
+            copied = self.eval(args[0].value)
+            entries = copied.items if isinstance(copied, DictVal) else {}
+            if isinstance(copied, Unknown):
+                entries = self.context.entries(copied)
+            return DictVal({**entries, **self.written_record(call, ()).items})
         held = self.mapping_built(name, args)
         if held is not None:
             return held
@@ -1906,3 +1914,9 @@ def _row(value: Value) -> Value:
     if isinstance(value, Seq):
         return value.items[0] if value.items else value
     return value
+
+
+def _names_a_value(expr: cst.BaseExpression) -> bool:
+    """``data``, ``self.batch``, ``out["batch"]``: a variable, not a call
+    (``dict(zip(keys, values))`` builds its entries some other way)."""
+    return isinstance(expr, (cst.Name, cst.Attribute, cst.Subscript))

@@ -136,8 +136,15 @@ class Interpreter(Calls):
                     # ``compute_kl(self.logprobs(model, batch), ref)``: a log-prob
                     # the caller never named is named by the parameter. What the
                     # caller did name keeps its role: a helper's names never
-                    # override it.
-                    value = self.resolve(replace(value, names=(*value.names, name)), name)
+                    # override it (``old_dist.log_prob(tokens)`` given as ``logp``).
+                    held = roles.held_distribution_log_prob(
+                        value, self.context.role_patterns, no_grad=self.no_grad
+                    )
+                    value = (
+                        held
+                        if held is not None
+                        else self.resolve(replace(value, names=(*value.names, name)), name)
+                    )
                 self.env[name] = value
             elif param.default is not None and (
                 bound is not None or selectors.is_selector_literal(param.default)
@@ -618,12 +625,20 @@ class Interpreter(Calls):
             self.assign(target, value, node)
         elif isinstance(value, Unknown):
             # ``for mb in micro_batches``: a row of rows kllint does not hold,
-            # the same container in every loop over them.
-            self.assign(
-                target, Unknown(code(iterable), ("loop",), same_as=value.same_as or value), node
+            # the same container in every loop over them. What a data loader
+            # yields (``for ids, mask, lp, adv in DataLoader(buffer)``) is data,
+            # stored log-probs included, whatever its variables are called.
+            row = Unknown(
+                code(iterable),
+                ("loop",),
+                same_as=value.same_as or value,
+                stored=_loads_data(iterable),
             )
+            self.assign(target, row, node)
         else:
-            self.assign(target, Unknown(code(iterable), ("loop",)), node)
+            self.assign(
+                target, Unknown(code(iterable), ("loop",), stored=_loads_data(iterable)), node
+            )
 
     def exec_if(self, statement: cst.If) -> bool:
         orelse = statement.orelse
@@ -2799,3 +2814,11 @@ def _picks_with_a_literal(call: cst.Call) -> bool:
 def _logits(value: Value) -> bool:
     """``student_logits``, ``model(ids).logits``: logits, not yet log-probs."""
     return isinstance(value, Unknown) and any(roles.names_logits(n) for n in value.names[-1:])
+
+
+def _loads_data(iterable: cst.BaseExpression) -> bool:
+    """``DataLoader(buffer)``, ``self.train_dataloader``: what iterating it
+    yields is data read back, not computed by the model being trained."""
+    called = iterable.func if isinstance(iterable, cst.Call) else iterable
+    name = dotted_name(called)
+    return name is not None and roles.loads_data(name.rpartition(".")[2])

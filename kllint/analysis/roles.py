@@ -420,6 +420,15 @@ def from_container(names: tuple[str, ...]) -> bool:
     return any(w in CONTAINER_WORDS for n in names for w in words(n))
 
 
+def loads_data(name: str) -> bool:
+    """``DataLoader``, ``train_dataloader``: a loader of data, whose rows are
+    read back, not computed by the model being trained."""
+    return any(w in _LOADER_WORDS for w in words(name))
+
+
+_LOADER_WORDS = frozenset({"loader", "dataloader"})
+
+
 def is_one_log_prob(value: Value) -> bool:
     """A value that is one policy (or behaviour) log-prob, possibly detached."""
     if not isinstance(value, ir.Node):
@@ -615,6 +624,23 @@ def _logprob_evidence(
             else patterns.role_from_words(target) or Role.POLICY_LOGP
         )
     return role, name, prob
+
+
+def held_distribution_log_prob(
+    unknown: Unknown, patterns: RolePatterns, *, no_grad: bool = False
+) -> Value | None:
+    """``old_dist.log_prob(tokens)``: the log-probs of a distribution held
+    under a name that says whose (``old_dist``, ``ref_pi``), as that name,
+    the one the caller chose, says; None for any other value."""
+    if len(unknown.names) < 2 or unknown.names[-1] != _DISTRIBUTION_LOGPROB:
+        return None
+    held = unknown.names[-2]
+    if patterns.role_from_words(held) is None:
+        return None
+    return resolve(replace(unknown, names=unknown.names[:-1]), patterns, held, no_grad=no_grad)
+
+
+_DISTRIBUTION_LOGPROB = "log_prob"  # ``torch.distributions``' method
 
 
 MODEL_LOADERS = frozenset({"from_pretrained", "from_config", "load_model", "build_model"})
