@@ -513,10 +513,11 @@ class Calls(Expressions):
         if (
             isinstance(receiver, ir.Opaque)
             and ir.is_new_constant_tensor(receiver)
-            and method in lowering.SEGMENT_SUMS | lowering.PUTS
+            and method in lowering.SEGMENT_SUMS | lowering.PUTS | lowering.TRIANGLES
         ):
             # ``torch.zeros(n).index_add_(0, seg_ids, x)``: per-slot sums of ``x``;
-            # ``torch.zeros(n).index_put_((idx,), x)``: ``x`` in its slots.
+            # ``torch.zeros(n).index_put_((idx,), x)``: ``x`` in its slots;
+            # ``torch.ones(T, T).tril()``: the matrix of a reward-to-go.
             return self.method_op(method, receiver, args, kwargs, call)
         if isinstance(receiver, Unknown):
             if receiver.names == ("self",) and self.self_class is not None:

@@ -118,6 +118,8 @@ class Expressions(Frame):
         if isinstance(expr.operator, cst.MatrixMultiply):
             summed = lowering.matmul(self.torch_call(expr), left, right)
             if summed is None:
+                summed = lowering.weighted_sum(self.torch_call(expr), left, right)
+            if summed is None:
                 flattened = _flattened(expr.left) or _flattened(expr.right)
                 summed = lowering.masked_dot(self.torch_call(expr), left, right, flattened)
             if summed is not None:

@@ -797,6 +797,8 @@ def top_k_support(index: Value | None) -> bool:
 # diagonal. ``x @ triu`` sums each token's earlier log-ratios (a prefix sum),
 # ``x @ tril`` its later ones (the reward-to-go): True for a reverse sum.
 _TRIANGULAR_ONES = {".triu(ones)": False, ".tril(ones)": True}
+_ONES = ".ones()"  # ``torch.ones(T)``, a new tensor of ones
+TRIANGLES = frozenset({"triu", "tril"})
 
 
 def triangular_ones(node: Value) -> bool | None:
@@ -815,13 +817,21 @@ def is_marker(node: Value) -> bool:
     )
 
 
+def _triangle_method(name: str) -> MethodLowering:
+    def lower(at: TorchCall, receiver: Value, args: Args, kwargs: Kwargs) -> Value:
+        lowered = _triangle(name)(at, [receiver, *args], kwargs)
+        return lowered if lowered is not None else ir.Opaque(f".{name}()")
+
+    return lower
+
+
 def _triangle(name: str) -> FunctionLowering:
     def lower(at: TorchCall, args: Args, kwargs: Kwargs) -> Value | None:
         offset = args[1] if len(args) > 1 else kwargs.get("diagonal")
         if (
             args
             and isinstance(args[0], ir.Opaque)
-            and args[0].reason == ".ones()"
+            and args[0].reason == _ONES
             and (offset is None or (isinstance(offset, ir.Const) and offset.value == 0))
         ):
             return ir.Opaque(f".{name}(ones)")
@@ -836,6 +846,20 @@ def matmul(at: TorchCall, x: Value, matrix: Value) -> Value | None:
     if reverse is None or not isinstance(x, ir.Node) or isinstance(x, ir.Opaque):
         return None
     return ir.CumSum(x, reverse=reverse, origin=at.origin)
+
+
+def weighted_sum(at: TorchCall, terms: Value, weights: Value) -> Value | None:
+    """``torch.stack([pg_loss, kl_loss, entropy]) @ coefs`` with ``coefs`` a
+    tensor of as many numbers: each term times its weight, summed."""
+    if not (isinstance(terms, Seq) and isinstance(weights, Seq)) or terms.appended:
+        return None
+    if not terms.items or len(terms.items) != len(weights.items):
+        return None
+    products = [at.binary("mul", term, weight) for term, weight in zip(terms.items, weights.items)]
+    total = products[0]
+    for product in products[1:]:
+        total = at.binary("add", total, product)
+    return total
 
 
 def masked_dot(at: TorchCall, x: Value, mask: Value, flattened: bool) -> Value | None:
@@ -906,6 +930,9 @@ def _method_registry() -> dict[str, MethodLowering]:
     for name in SIZE_METHODS:
         registry.setdefault(name, _size)
     registry.setdefault("item", _detach)
+    for name in TRIANGLES:
+        # ``torch.ones(T, T).tril()``, as ``torch.tril(torch.ones(T, T))``.
+        registry.setdefault(name, _triangle_method(name))
     return registry
 
 
@@ -1068,6 +1095,45 @@ def _bmm(at: TorchCall, args: Args, kwargs: Kwargs) -> Value | None:
         return None
     product = at.binary("mul", args[0], args[1])
     return at.lift1(product, lambda n: ir.Reduce("sum", Axis.TIME, n, origin=at.origin))
+
+
+def _tensordot(at: TorchCall, args: Args, kwargs: Kwargs) -> Value | None:
+    """``torch.tensordot(kl * mask, torch.ones(T), dims=([1], [0]))``: a
+    ``[B, T]`` tensor contracted over its time axis with a vector of ones
+    (or a mask): its (masked) sum over time."""
+    call = at.node
+    if len(args) != 2 or not isinstance(call, cst.Call):
+        return None
+    given = [a.value for a in call.args if a.keyword is None]
+    dims = given[2] if len(given) > 2 else None
+    for arg in call.args:
+        if arg.keyword is not None and arg.keyword.value == "dims":
+            dims = arg.value
+    if _contracted_axis(dims) not in (1, -1):
+        return None
+    tensor, vector = args
+    if isinstance(vector, ir.Opaque) and vector.reason == _ONES:
+        weighted: Value = tensor
+    elif isinstance(vector, ir.Node) and is_mask(vector):
+        weighted = at.binary("mul", tensor, vector)
+    else:
+        return None
+    if not isinstance(weighted, (ir.Node, Choice)) or isinstance(weighted, ir.Opaque):
+        return None
+    return at.lift1(weighted, lambda n: ir.Reduce("sum", Axis.TIME, n, origin=at.origin))
+
+
+def _contracted_axis(dims: cst.BaseExpression | None) -> int | None:
+    """The one axis of the first tensor that ``dims`` contracts: ``([1], [0])``,
+    or ``1`` (its last axis, -1)."""
+    if dims is None:
+        return None
+    if isinstance(dims, (cst.Tuple, cst.List)) and len(dims.elements) == 2:
+        first = dims.elements[0].value
+        if isinstance(first, (cst.Tuple, cst.List)) and len(first.elements) == 1:
+            return int_literal(first.elements[0].value)
+        return int_literal(first)
+    return -1 if int_literal(dims) == 1 else None
 
 
 def _unsqueezed_axis(expr: cst.BaseExpression) -> int | None:
@@ -1371,6 +1437,7 @@ TORCH_FUNCTIONS: dict[str, FunctionLowering] = {
     "nested_tensor_from_jagged": lambda at, args, kwargs: args[0] if args else None,
     "pad": _pad,
     "bmm": _bmm,
+    "tensordot": _tensordot,
     "xlogy": _xlogy,
     "one_hot": lambda at, args, kwargs: ir.Opaque(ONE_HOT),
     "max": _extremum("max"),
