@@ -446,7 +446,9 @@ class Expressions(Frame):
             # ``f"{__name__}.LowVarKL"``: a dotted path to this module's class,
             # loaded at run time (``importlib.import_module``).
             return Py(dotted_module_name(self.module.path), MODULE_NAME)
-        if name in self.module.functions:
+        if name in self.module.functions and not (
+            name in self.module.imports and self.module.imported_over_definition(name)
+        ):
             return FuncRef(unparsed(self.module.functions, name), self.module)
         if name in self.module.classes:
             return Unknown(name, (name,), module=None, class_name=name)

@@ -140,6 +140,22 @@ def _catches_import_error(caught: Any, *, code_of: Callable[[Any], str | None]) 
     return any((code_of(item) or "").rpartition(".")[2] in _IMPORT_ERRORS for item in items)
 
 
+def _module_statements(body: list[ast.stmt]) -> Iterator[ast.stmt]:
+    """A module's statements in order, into ``try``/``if`` blocks (where a
+    fallback import or definition sits), not into functions or classes."""
+    for statement in body:
+        yield statement
+        if isinstance(statement, ast.Try):
+            yield from _module_statements(statement.body)
+            for handler in statement.handlers:
+                yield from _module_statements(handler.body)
+            yield from _module_statements(statement.orelse)
+            yield from _module_statements(statement.finalbody)
+        elif isinstance(statement, ast.If):
+            yield from _module_statements(statement.body)
+            yield from _module_statements(statement.orelse)
+
+
 def _ast_dotted(node: ast.expr) -> str | None:
     return ast.unparse(node) if isinstance(node, (ast.Name, ast.Attribute)) else None
 
@@ -409,6 +425,24 @@ class ModuleInfo:
                     found.add(name)
             self._frozen_copies = frozenset(found)
         return self._frozen_copies
+
+    def imported_over_definition(self, name: str) -> bool:
+        """``def compute_kl(...)`` as a fallback, then ``try: from .ops import
+        compute_kl``: the import runs later and rebinds the name. Asked only
+        of a name the module both defines and imports."""
+        last = None
+        try:
+            tree = ast.parse(self.source)
+        except (SyntaxError, ValueError, RecursionError):
+            return False
+        for statement in _module_statements(tree.body):
+            if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                if statement.name == name:
+                    last = "def"
+            elif isinstance(statement, (ast.Import, ast.ImportFrom)):
+                if any((a.asname or a.name.split(".")[0]) == name for a in statement.names):
+                    last = "import"
+        return last == "import"
 
     def may_assign_in_a_body(self, name: str) -> bool:
         """Whether some line one level in assigns a bare ``name`` (a class
