@@ -21,7 +21,7 @@ from pathlib import Path
 import libcst as cst
 
 from kllint.analysis import ir, roles
-from kllint.analysis.lowering import TorchCall
+from kllint.analysis.lowering import TorchCall, vocabulary_sums_combined
 from kllint.analysis.module import TRIPLE_QUOTED, ClassInfo, ModuleInfo, outside_tests
 from kllint.analysis.project import Project
 from kllint.analysis.sinks import Sink
@@ -265,6 +265,10 @@ class Frame:
     # ----------------------------------------------------------------- arithmetic
 
     def binary(self, op: str, left: Value, right: Value, node: cst.CSTNode) -> Value:
+        if op in ("add", "sub"):
+            combined = vocabulary_sums_combined(op, left, right, self.origin(node))
+            if combined is not None:
+                return combined
         return binary(op, left, right, self.origin(node), self.as_node)
 
     def lift1(self, value: Value, fn: Callable[[ir.Node], ir.Node]) -> Value:

@@ -219,6 +219,10 @@ class Opaque(Node):
     # A comparison's truth values (``input_ids != image_token_id``): whatever
     # else it is, it carries no gradient.
     gradient_free: bool = field(default=False, compare=False)
+    # Of a sum over the vocabulary kllint does not read as a divergence
+    # (``(pi.probs * ref.logits).sum(-1)``, an entropy): what is summed. The
+    # sum is linear: two such sums added up may be one it reads.
+    summand: Node | None = field(default=None, compare=False)
 
 
 # Constructors that fold the trivial cases, so that lowered trees stay small.

@@ -781,6 +781,19 @@ def _log_prob(at: TorchCall, receiver: Value, args: Args, kwargs: Kwargs) -> Val
     return ir.Opaque(".log_prob()")
 
 
+def _entropy(at: TorchCall, receiver: Value, args: Args, kwargs: Kwargs) -> Value:
+    """``Categorical(logits=...).entropy()``: ``-sum_v p_v log p_v`` at each position."""
+    if not has_distribution(receiver):
+        return ir.Opaque(".entropy()")
+    origin = at.origin
+    return at.lift1(
+        receiver,
+        lambda n: vocabulary_expectation(
+            "sum", ir.neg(ir.Binary("mul", ir.Unary("exp", n), n)), origin
+        ),
+    )
+
+
 def _take_along_dim(at: TorchCall, receiver: Value, args: Args, kwargs: Kwargs) -> Value:
     """``torch.take_along_dim(logp, ids.unsqueeze(-1), dim=-1)``: a gather."""
     return gathered(at, receiver, args[0] if args else kwargs.get("indices"))
@@ -923,6 +936,7 @@ def _method_registry() -> dict[str, MethodLowering]:
     # ``x.new_tensor(data)``: ``data`` copied into a new tensor, without its graph.
     registry.setdefault("new_tensor", _new_tensor)
     registry.setdefault("log_prob", _log_prob)
+    registry.setdefault("entropy", _entropy)
     registry.setdefault("flip", _flip)
     registry.setdefault("fliplr", _flip)
     for name in ("log_softmax", "softmax"):
@@ -960,7 +974,19 @@ def _shape(at: TorchCall, base: Value) -> Value:
     return ir.Atom(Role.COEFFICIENT, at.code)
 
 
-TENSOR_ATTRIBUTES: dict[str, Callable[[TorchCall, Value], Value]] = {
+def _distribution_probs(at: TorchCall, base: Value) -> Value | None:
+    """``Categorical(logits=...).probs``: the probabilities of its log-probs."""
+    return at.lift1(base, lambda n: ir.Unary("exp", n)) if has_distribution(base) else None
+
+
+def _distribution_logits(at: TorchCall, base: Value) -> Value | None:
+    """``Categorical(logits=...).logits``: its log-probs (torch normalises them)."""
+    return base if has_distribution(base) else None
+
+
+TENSOR_ATTRIBUTES: dict[str, Callable[[TorchCall, Value], Value | None]] = {
+    "probs": _distribution_probs,
+    "logits": _distribution_logits,
     "data": _data,  # the tensor without its graph
     "T": lambda at, base: base,
     "mT": lambda at, base: base,
@@ -1616,7 +1642,51 @@ def vocabulary_expectation(kind: str, node: ir.Node, origin: ir.Origin) -> ir.No
                     origin.estimate = "exact KL(pi_ref||pi) over the vocabulary at each position"
                     return ir.detach(log_ratio, origin)
                 return ir.Opaque(_REFERENCE_WEIGHTED)
-    return ir.Opaque("a sum over the vocabulary")
+    return ir.Opaque(_VOCABULARY_SUM, summand=node if kind == "sum" else None)
+
+
+_VOCABULARY_SUM = "a sum over the vocabulary"
+
+
+def vocabulary_sums_combined(
+    op: str, left: Value, right: Value, origin: ir.Origin
+) -> ir.Node | None:
+    """``-(pi.probs * ref.logits).sum(-1) - pi.entropy()``: two sums over the
+    vocabulary, a cross-entropy and an entropy, added up into one
+    (``sum_v p_v log p_v - p_v log q_v``), read as a divergence if it is one.
+    None unless both sides are such sums and together they are one
+    difference of two products."""
+    sides = [_signed_summand(left), _signed_summand(right)]
+    if sides[0] is None or sides[1] is None:
+        return None
+    terms = _signed_terms(sides[0][1], sides[0][0]) + _signed_terms(
+        sides[1][1], sides[1][0] * (1 if op == "add" else -1)
+    )
+    positive = [term for sign, term in terms if sign > 0]
+    negative = [term for sign, term in terms if sign < 0]
+    if len(positive) != 1 or len(negative) != 1:
+        return None
+    difference = ir.Binary("sub", positive[0], negative[0], origin=origin)
+    return vocabulary_expectation("sum", difference, origin)
+
+
+def _signed_summand(value: Value) -> tuple[int, ir.Node] | None:
+    sign = 1
+    while isinstance(value, ir.Unary) and value.op == "neg":
+        sign, value = -sign, value.arg
+    if isinstance(value, ir.Opaque) and value.summand is not None:
+        return sign, value.summand
+    return None
+
+
+def _signed_terms(node: ir.Node, sign: int) -> list[tuple[int, ir.Node]]:
+    """``a - (b + c)`` as ``[(+1, a), (-1, b), (-1, c)]``."""
+    if isinstance(node, ir.Unary) and node.op == "neg":
+        return _signed_terms(node.arg, -sign)
+    if isinstance(node, ir.Binary) and node.op in ("add", "sub"):
+        right = sign if node.op == "add" else -sign
+        return _signed_terms(node.left, sign) + _signed_terms(node.right, right)
+    return [(sign, node)]
 
 
 _REFERENCE_WEIGHTED = "an exact KL(pi_ref||pi) over the vocabulary"
