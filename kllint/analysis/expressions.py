@@ -350,6 +350,8 @@ class Expressions(Frame):
         entry, each with its own key and value, as ``sum`` adds them."""
         loop = expr.for_in
         target, iterable = loop.target, loop.iter
+        if loop.inner_for_in is None and isinstance(target, cst.Name):
+            return self.each_module(expr, target.value)
         if not (
             loop.inner_for_in is None
             and isinstance(iterable, cst.Call)
@@ -373,6 +375,35 @@ class Expressions(Frame):
             # ``if weights.get(name, 0.0) != 0.0``: an entry a filter
             # certainly drops is not summed; one it may keep is.
             if all(self.truth(test.test) is not False for test in loop.ifs):
+                items.append(self.eval(expr.elt))
+        self.env = saved
+        return Seq(items)
+
+    def each_module(self, expr: cst.ListComp | cst.GeneratorExp, bound: str) -> Seq | None:
+        """``loss(batch) for loss in self.losses.values()`` (or over an
+        ``nn.ModuleList``): one element per loss object the container holds."""
+        iterable = expr.for_in.iter
+        values = (
+            isinstance(iterable, cst.Call)
+            and isinstance(iterable.func, cst.Attribute)
+            and iterable.func.attr.value == "values"
+            and not iterable.args
+        )
+        held = self.eval(iterable.func.value if values else iterable)  # type: ignore[attr-defined]
+        modules = (
+            list(held.items.values())
+            if values and isinstance(held, DictVal)
+            else held.items
+            if not values and isinstance(held, Seq) and not held.appended
+            else []
+        )
+        if not modules or not all(isinstance(m, (Instance, FuncRef)) for m in modules):
+            return None
+        saved = dict(self.env)
+        items = []
+        for module in modules:
+            self.env[bound] = module
+            if all(self.truth(test.test) is not False for test in expr.for_in.ifs):
                 items.append(self.eval(expr.elt))
         self.env = saved
         return Seq(items)
@@ -1082,6 +1113,13 @@ class Expressions(Frame):
                 isinstance(v, Py)
                 or (isinstance(v, ir.Node) and ir.settings_only(v))
                 or (isinstance(v, Unknown) and (not v.call or setting))
+                # A config record (``loss_config: GRPOLossConfig =
+                # GRPOLossConfig()``): its fields are literals.
+                or (
+                    isinstance(v, Instance)
+                    and v.pending is None
+                    and all(isinstance(f, Py) for f in v.attrs.values())
+                )
             )
 
         if not all(inert(v, _setting_read(a.value)) for a, v in zip(call.args, arguments)):

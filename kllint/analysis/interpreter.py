@@ -280,8 +280,9 @@ class Interpreter(Calls):
             return False
         if isinstance(statement, cst.With):
             saved = self.no_grad, self.inference_mode
-            for item in statement.items:
-                switch = lowering.grad_switch(self.context_taken(item.item))
+            entered = [self.entered_by_generator(item.item) for item in statement.items]
+            for item, (inner, _) in zip(statement.items, entered):
+                switch = lowering.grad_switch(self.context_taken(item.item)) or inner
                 if switch in ("off", "inference"):
                     self.no_grad = True
                     self.inference_mode = self.inference_mode or switch == "inference"
@@ -291,8 +292,10 @@ class Interpreter(Calls):
                 if item.asname is not None:
                     self.assign(item.asname.name, Unknown(code(item.item), ("context",)), item)
             reference = any(
-                roles.gives_the_reference(item.item) or self.returns_a_reference_context(item.item)
-                for item in statement.items
+                roles.gives_the_reference(item.item)
+                or self.returns_a_reference_context(item.item)
+                or by_generator
+                for item, (_, by_generator) in zip(statement.items, entered)
             )
             outer, self.on_reference = self.on_reference, self.on_reference or reference
             done = self.exec_block(statement.body.body)
@@ -339,6 +342,38 @@ class Interpreter(Calls):
                 return context
             context = context.body if taken else context.orelse
         return context
+
+    def entered_by_generator(self, context: cst.BaseExpression) -> tuple[str | None, bool]:
+        """``with reference_adapter(model):``, a ``@contextmanager`` of the
+        file that yields inside ``with model.disable_adapter(), torch.no_grad():``:
+        the block runs in what the generator entered. The grad switch it
+        enters (``"off"``, ``"inference"``), and whether it gives the reference."""
+        if not isinstance(context, cst.Call):
+            return None, False
+        fn: cst.FunctionDef | None = None
+        if isinstance(context.func, cst.Name) and context.func.value in self.module.functions:
+            fn = self.module.functions[context.func.value]
+        elif (
+            isinstance(context.func, cst.Attribute)
+            and isinstance(context.func.value, cst.Name)
+            and context.func.value.value == "self"
+            and self.cls is not None
+        ):
+            fn = self.cls.methods.get(context.func.attr.value)
+        if fn is None or not any(
+            (dotted_name(d.decorator) or "").endswith("contextmanager") for d in fn.decorators
+        ):
+            return None, False
+        switch, reference = None, False
+        for node in descendants(fn.body):
+            if not isinstance(node, cst.With) or not any(
+                isinstance(n, cst.Yield) for n in descendants(node.body)
+            ):
+                continue
+            for item in node.items:
+                switch = switch or lowering.grad_switch(item.item)
+                reference = reference or roles.gives_the_reference(item.item)
+        return switch, reference
 
     def returns_a_reference_context(self, context: cst.BaseExpression) -> bool:
         """``with self.optional_peft_ctx():``, a method of the class that
@@ -1175,6 +1210,20 @@ class Interpreter(Calls):
         ):
             # ``self.kind = kind`` in the ``__init__`` of an object being built.
             self.env[target.value.value].attrs[target.attr.value] = value  # type: ignore[union-attr]
+        elif (
+            isinstance(target, cst.Subscript)
+            and isinstance(target.value, cst.Attribute)
+            and isinstance(target.value.value, cst.Name)
+            and isinstance(self.env.get(target.value.value.value), Instance)
+            and string_key(target) is not None
+        ):
+            # ``self.losses["kl"] = KLPenalty(...)``: an entry added to a dict
+            # (an ``nn.ModuleDict``) the object holds.
+            held = self.env[target.value.value.value]
+            assert isinstance(held, Instance)
+            entries = held.attrs.get(target.value.attr.value)
+            if isinstance(entries, DictVal):
+                entries.items[string_key(target)] = value  # type: ignore[index]
         elif isinstance(target, cst.Subscript) and isinstance(target.value, cst.Name):
             container = self.env.get(target.value.value)
             key = string_key(target)

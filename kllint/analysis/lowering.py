@@ -22,6 +22,7 @@ from kllint.analysis.syntax import code, int_literal
 from kllint.analysis.values import (
     HIDDEN,
     Choice,
+    DictVal,
     Flipped,
     FuncRef,
     Grouped,
@@ -1481,6 +1482,10 @@ TORCH_FUNCTIONS: dict[str, FunctionLowering] = {
     "zeros_like": _constant(0.0),
     "ones_like": _constant(1.0),
     **dict.fromkeys(NEW_TENSORS, _tensor),
+    # ``nn.ModuleDict({"policy": ..., "kl": ...})``, ``nn.ModuleList([...])``:
+    # the modules, held as the dict or list they are built from.
+    "ModuleDict": lambda at, args, kwargs: args[0] if args else DictVal({}),
+    "ModuleList": lambda at, args, kwargs: args[0] if args else Seq([], appended=True),
     "triu": _triangle("triu"),
     "tril": _triangle("tril"),
 }
