@@ -150,8 +150,16 @@ class Interpreter(Calls):
                 bound is not None or selectors.is_selector_literal(param.default)
             ):
                 # A keyword default picks the branch when the caller (or, for a
-                # function analysed on its own, every caller that omits it) does not.
-                self.env[name] = self.eval(param.default)
+                # function analysed on its own, every caller that omits it) does
+                # not. Analysed on its own, a function every call of which in its
+                # file gives the same literal (``partial(grpo_loss,
+                # kl_level="sequence")``) runs with that literal.
+                passed = (
+                    self.module.literal_every_call_passes(fn.name.value, name)
+                    if bound is None
+                    else None
+                )
+                self.env[name] = Py(passed) if passed is not None else self.eval(param.default)
             else:
                 self.env[name] = self.param_value(name, fn)
         for star in (params.star_arg, params.star_kwarg):
@@ -1793,10 +1801,16 @@ def _defect_of_its_own(value: Value, maximised: bool = False) -> bool:
     ]
     if not terms or any(_per_token_reference(term) for term, _ in terms):
         return False
-    if not maximised and not any(_over_the_batch(node) for node in tensors_of(value)):
+    if (
+        not maximised
+        and not any(_over_the_batch(node) for node in tensors_of(value))
+        and not all(_score_function_term(term) for term, _ in terms)
+    ):
         # ``sequence_kl_k3(logp, ref, mask)``: one estimate per sequence,
         # which the caller makes into a loss (or a reward): its call is where
-        # the estimate enters, as for a per-token one.
+        # the estimate enters, as for a per-token one. A score-function term
+        # (``(kl_to_go * logp * mask).sum(-1)``) is a surrogate loss already,
+        # per sequence or not: no reward is made of it.
         return False
     for term, with_gradient in terms:
         found = sites.profile_of(term)
@@ -1810,6 +1824,13 @@ def _defect_of_its_own(value: Value, maximised: bool = False) -> bool:
             # (``exp(lq - lmu)`` beside ``exp(lp - lmu)``), whatever it is given.
             return True
     return False
+
+
+def _score_function_term(term: ir.Node) -> bool:
+    """A KL term whose estimate enters only detached, as the weight of the
+    policy's log-probs (the score function of the KL)."""
+    focus = sites.focus_of(term)
+    return ir.depends_on_policy(term) and not ir.reaches(term, lambda n: n is focus, ir.is_detached)
 
 
 def _over_the_batch(node: ir.Node) -> bool:

@@ -156,6 +156,13 @@ def _module_statements(body: list[ast.stmt]) -> Iterator[ast.stmt]:
             yield from _module_statements(statement.orelse)
 
 
+def _called_name(node: ast.expr) -> str | None:
+    """``grpo_loss`` of ``grpo_loss(...)`` and of ``self.grpo_loss(...)``."""
+    if isinstance(node, ast.Name):
+        return node.id
+    return node.attr if isinstance(node, ast.Attribute) else None
+
+
 def _ast_dotted(node: ast.expr) -> str | None:
     return ast.unparse(node) if isinstance(node, (ast.Name, ast.Attribute)) else None
 
@@ -443,6 +450,38 @@ class ModuleInfo:
                 if any((a.asname or a.name.split(".")[0]) == name for a in statement.names):
                     last = "import"
         return last == "import"
+
+    def literal_every_call_passes(self, function: str, parameter: str) -> str | None:
+        """The string every call of ``function`` in this file gives its
+        ``parameter`` (``functools.partial(grpo_loss, ..., kl_level="sequence")``,
+        ``self.kl_loss(..., kl_type="k2")``); None when a call omits it,
+        passes something else, or there is no call."""
+        if function not in self.source or parameter not in self.source:
+            return None
+        try:
+            tree = ast.parse(self.source)
+        except (SyntaxError, ValueError, RecursionError):
+            return None
+        passed: set[object] = set()
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Call):
+                continue
+            called = node.func
+            if (
+                _ast_dotted(called) in ("partial", "functools.partial")
+                and node.args
+                and _called_name(node.args[0]) == function
+            ):
+                called = node.args[0]
+            elif _called_name(called) != function:
+                continue
+            given = [k.value for k in node.keywords if k.arg == parameter]
+            literal = given[0] if given else None
+            passed.add(literal.value if isinstance(literal, ast.Constant) else None)
+        if len(passed) != 1:
+            return None
+        value = next(iter(passed))
+        return value if isinstance(value, str) else None
 
     def may_assign_in_a_body(self, name: str) -> bool:
         """Whether some line one level in assigns a bare ``name`` (a class

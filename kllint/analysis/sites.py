@@ -747,7 +747,9 @@ def build_site(
     written = focus
     if weighted is not None and _written_apart(term, weighted):
         written = weighted
-    elif ir.depends_on_policy(term):
+    else:
+        # (Also for a term without gradient: ``kl_term = kl_to_go * logp``
+        # written under ``no_grad`` is the estimate that has none.)
         written = _score_function(path) or focus
     handed_back = next((n for n in path if n.origin is not None and n.origin.handed_back), None)
     if handed_back is not None and written is focus:
