@@ -1088,10 +1088,13 @@ def _where(at: TorchCall, args: Args, kwargs: Kwargs) -> Value | None:
             # policy's probability so guarded, ``p_teacher`` over a top-k
             # support, stays opaque: which tokens it covers is not known.)
             return chosen
-        if _flows(chosen) and isinstance(at.node, cst.Call) and at.node.args:
+        sides = _flows(chosen) or (_a_setting(at, chosen) and _a_setting(at, other))
+        if sides and isinstance(at.node, cst.Call) and at.node.args:
             # ``torch.where(advantages < 0, dual_clipped, clipped)``: each
             # element is one side or the other, each side a loss of its own;
-            # both are judged, as two hidden paths.
+            # both are judged, as two hidden paths. So are two coefficients
+            # (``torch.where(is_on_policy, -beta, sft_coef)``), paired with the
+            # terms a ``where`` on the same condition picks.
             test = HIDDEN + code(at.node.args[0].value)
             return choice([(test, chosen), (negate_condition(test), other)])
         return ir.Opaque("torch.where")
@@ -1105,6 +1108,18 @@ def _where(at: TorchCall, args: Args, kwargs: Kwargs) -> Value | None:
         return ir.binary("add", kept, rest, origin)
 
     return at.lift2(chosen, other, masked)
+
+
+def _a_setting(at: TorchCall, value: Value) -> bool:
+    """A coefficient or a literal, signed or scaled: no tensor of the run."""
+    if isinstance(value, Unknown):
+        value = at.as_node(value)
+    return isinstance(value, ir.Node) and ir.settings_only(value)
+
+
+def _full_like(at: TorchCall, args: Args, kwargs: Kwargs) -> Value | None:
+    """``torch.full_like(nll, -beta)``: the value everywhere."""
+    return args[1] if len(args) > 1 else kwargs.get("fill_value")
 
 
 def _bmm(at: TorchCall, args: Args, kwargs: Kwargs) -> Value | None:
@@ -1480,6 +1495,7 @@ TORCH_FUNCTIONS: dict[str, FunctionLowering] = {
     # rows of different lengths stacked, as ``stack`` does.
     "pad_sequence": _pad_sequence,
     "zeros_like": _constant(0.0),
+    "full_like": _full_like,
     "ones_like": _constant(1.0),
     **dict.fromkeys(NEW_TENSORS, _tensor),
     # ``nn.ModuleDict({"policy": ..., "kl": ...})``, ``nn.ModuleList([...])``:

@@ -599,6 +599,15 @@ def _logprob_evidence(
         ):
             # ``sample_lp = td.get("sample_log_prob")``: the key says what it holds.
             role = Role.OLD_LOGP
+        if (
+            role is Role.POLICY_LOGP
+            and patterns.role_from_words(target) is None
+            and not unknown.call
+            and any(patterns.role_from_words(n) is Role.REFERENCE_LOGP for n in unknown.names)
+        ):
+            # ``reset_logp = data["reset_ref_logp"]``: read from the reference's
+            # entry, under a name that says only "log-probs".
+            role = Role.REFERENCE_LOGP
     if role is not None:
         return role, name, prob
     source = [n for n in unknown.names if names_logits(n)]

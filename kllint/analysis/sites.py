@@ -326,6 +326,20 @@ def _split(node: ir.Node) -> list[ir.Node]:
     return [node]
 
 
+def _to_different_references(pieces: list[ir.Node]) -> bool:
+    """Losses each reduced on its own, each against reference log-probs no
+    other piece reads (``ref_logp`` and ``reset_ref_logp``): two regularisers."""
+    if len(pieces) < 2 or not all(_is_reduced(p) for p in pieces):
+        return False
+    seen: set[str] = set()
+    for piece in pieces:
+        names = {a.name for a in piece.atoms() if a.role is Role.REFERENCE_LOGP}
+        if not names or names & seen:
+            return False
+        seen |= names
+    return True
+
+
 def _split_product(node: ir.Binary) -> list[ir.Node]:
     """A product or quotient by a reference-free factor distributes over the
     terms of the other side."""
@@ -377,10 +391,14 @@ def _split_sum(node: ir.Binary) -> list[ir.Node]:
         # ``pg_loss + coef * ref_kl_loss + anchor_kl_loss``: each KL piece a
         # loss of its own with the policy's gradient, each its own term,
         # however the sum is nested. (A detached KL beside one, a dual
-        # variable's loss, stays with the KL that regularises.)
-        left_ref
-        and right_ref
-        and all(_is_reduced(p) and ir.depends_on_policy(p) for p in pieces if _has_reference(p))
+        # variable's loss, stays with the KL that regularises; a detached KL
+        # to another reference, ``reset_kl`` beside ``sft_kl``, is its own.)
+        (
+            left_ref
+            and right_ref
+            and all(_is_reduced(p) and ir.depends_on_policy(p) for p in pieces if _has_reference(p))
+        )
+        or _to_different_references([p for p in pieces if _has_reference(p)])
     ):
         return pieces
     # Both sides involve the reference, as in ``rewards - baseline`` where
