@@ -1,8 +1,10 @@
 """The KL term followed through the bookkeeping around it: a batch copied
 with entries added, rows a data loader yields, a distribution held under a
 name, contractions written with ``tensordot``, ``tril`` and a stacked
-vector of coefficients, and a fallback definition that an import replaces.
-Each shape lost the term before; each has its correct twin, which stays quiet."""
+vector of coefficients, a fallback definition that an import replaces, row
+coefficients picked by ``torch.where``, a KL to a second reference, and a
+score-function term formed under ``no_grad``. Each shape lost the term (or
+placed it elsewhere) before; each has its correct twin, which stays quiet."""
 
 from __future__ import annotations
 
@@ -234,3 +236,79 @@ except ImportError:
 def test_a_definition_after_an_import_shadows_it(tmp_path: Path) -> None:
     # The k3 written after ``from .ops import compute_approx_kl`` is the one called.
     assert package(tmp_path, ", compute_approx_kl", "") == [("loss.py", 12, "KL002")]
+
+
+ROWS = """
+import torch
+
+
+def mixed_loss(logps, ref_logps, mask, is_on_policy, advantages, beta=0.05, sft_coef=0.1):
+    log_ratio = ((logps - ref_logps) * mask).detach()
+    kl_to_go = log_ratio.flip(-1).cumsum(-1).flip(-1)
+    kl_penalty = (kl_to_go * logps * mask).sum(-1)
+    nll = -(logps * mask).sum(-1)
+    pg = -(advantages[:, None] * logps * mask).sum(-1)
+    row_term = torch.where(is_on_policy, kl_penalty, nll)
+    row_coef = torch.where(is_on_policy, torch.full_like(nll, {sign}beta), torch.full_like(nll, sft_coef))
+    return (pg * is_on_policy + row_coef * row_term).mean()
+"""
+
+
+def test_a_row_coefficient_picked_by_where_carries_its_sign(tmp_path: Path) -> None:
+    # The on-policy rows weight the KL penalty by ``-beta``: negated (KL006).
+    assert findings(tmp_path, ROWS.format(sign="-"), "loss.py") == [(8, "KL006")]
+
+
+def test_the_same_rows_weighted_by_plus_beta_are_right(tmp_path: Path) -> None:
+    assert findings(tmp_path, ROWS.format(sign=""), "loss.py") == []
+
+
+TWO_REFERENCES = """
+import torch
+
+
+def ppo_loss(logprobs, data, sft_kl_ctl=0.02, reset_kl_ctl=0.1):
+    mask = data["loss_mask"]
+    sft_kl = 0.5 * ((logprobs - data["ref_logp"]) * mask).sum(-1).square()
+    {guard}
+    {indent}reset_logp = data["reset_ref_logp"]
+    {indent}reset_kl = 0.5 * ((logprobs - reset_logp) * mask).sum(-1).square()
+    return sft_kl_ctl * sft_kl.mean() + reset_kl_ctl * reset_kl.mean()
+"""
+
+
+def test_a_kl_to_a_second_reference_is_judged_on_its_own(tmp_path: Path) -> None:
+    # ``reset_logp`` is read from the reset reference's entry; its KL, written
+    # under ``no_grad``, has no gradient beside the first KL, which has one.
+    source = TWO_REFERENCES.format(guard="with torch.no_grad():", indent="    ")
+    assert findings(tmp_path, source, "loss.py") == [(10, "KL005")]
+
+
+def test_two_kls_to_two_references_each_with_its_gradient_are_right(tmp_path: Path) -> None:
+    assert findings(tmp_path, TWO_REFERENCES.format(guard="", indent=""), "loss.py") == []
+
+
+NO_GRAD_SCORE = """
+import torch
+
+
+def kl_loss(logprobs, ref_logprobs, mask):
+    with torch.no_grad():
+        log_ratio = (logprobs - ref_logprobs) * mask
+        kl_to_go = log_ratio.flip(-1).cumsum(-1).flip(-1)
+{penalty}
+    return kl_penalty.mean()
+"""
+PENALTY = "kl_penalty = (kl_to_go * logprobs * mask).sum(-1)"
+
+
+def test_a_score_function_term_formed_under_no_grad_is_reported_on_its_line(
+    tmp_path: Path,
+) -> None:
+    # The product named as the penalty is the estimate, here without gradient.
+    source = NO_GRAD_SCORE.format(penalty="        " + PENALTY)
+    assert findings(tmp_path, source, "loss.py") == [(9, "KL005")]
+
+
+def test_the_product_formed_after_the_block_is_right(tmp_path: Path) -> None:
+    assert findings(tmp_path, NO_GRAD_SCORE.format(penalty="    " + PENALTY), "loss.py") == []
