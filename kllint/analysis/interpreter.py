@@ -137,8 +137,12 @@ class Interpreter(Calls):
                     # the caller never named is named by the parameter. What the
                     # caller did name keeps its role: a helper's names never
                     # override it (``old_dist.log_prob(tokens)`` given as ``logp``).
-                    held = roles.held_distribution_log_prob(
-                        value, self.context.role_patterns, no_grad=self.no_grad
+                    held = (
+                        roles.held_distribution_log_prob(
+                            value, self.context.role_patterns, no_grad=self.no_grad
+                        )
+                        if value.names[-1:] == (lowering.DISTRIBUTION_LOGPROB,)
+                        else None
                     )
                     value = (
                         held

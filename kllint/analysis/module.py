@@ -156,6 +156,33 @@ def _module_statements(body: list[ast.stmt]) -> Iterator[ast.stmt]:
             yield from _module_statements(statement.orelse)
 
 
+def _literal_keywords_by_callee(source: str) -> dict[str, list[dict[str, object]]]:
+    """For each function called by name in ``source`` (or bound by
+    ``functools.partial``), each call's keywords with the constant each is
+    given (None for any other value)."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError):
+        return {}
+    found: dict[str, list[dict[str, object]]] = {}
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        called = node.func
+        if _ast_dotted(called) in ("partial", "functools.partial") and node.args:
+            called = node.args[0]
+        name = _called_name(called)
+        if name is not None:
+            found.setdefault(name, []).append(
+                {
+                    k.arg: k.value.value if isinstance(k.value, ast.Constant) else None
+                    for k in node.keywords
+                    if k.arg is not None
+                }
+            )
+    return found
+
+
 def _called_name(node: ast.expr) -> str | None:
     """``grpo_loss`` of ``grpo_loss(...)`` and of ``self.grpo_loss(...)``."""
     if isinstance(node, ast.Name):
@@ -386,6 +413,7 @@ class ModuleInfo:
         self._sketch = sketch
         self._indented_assignments: frozenset[str] | None = None
         self._frozen_copies: frozenset[str] | None = None
+        self._literal_keywords: dict[str, list[dict[str, object]]] | None = None
         # The names in the file's own statements that define nothing (a
         # script's loop), for a file read definition by definition. Code
         # only: a string that says ``log_softmax`` computes nothing.
@@ -456,28 +484,9 @@ class ModuleInfo:
         ``parameter`` (``functools.partial(grpo_loss, ..., kl_level="sequence")``,
         ``self.kl_loss(..., kl_type="k2")``); None when a call omits it,
         passes something else, or there is no call."""
-        if function not in self.source or parameter not in self.source:
-            return None
-        try:
-            tree = ast.parse(self.source)
-        except (SyntaxError, ValueError, RecursionError):
-            return None
-        passed: set[object] = set()
-        for node in ast.walk(tree):
-            if not isinstance(node, ast.Call):
-                continue
-            called = node.func
-            if (
-                _ast_dotted(called) in ("partial", "functools.partial")
-                and node.args
-                and _called_name(node.args[0]) == function
-            ):
-                called = node.args[0]
-            elif _called_name(called) != function:
-                continue
-            given = [k.value for k in node.keywords if k.arg == parameter]
-            literal = given[0] if given else None
-            passed.add(literal.value if isinstance(literal, ast.Constant) else None)
+        if self._literal_keywords is None:
+            self._literal_keywords = _literal_keywords_by_callee(self.source)
+        passed = {call.get(parameter) for call in self._literal_keywords.get(function, [])}
         if len(passed) != 1:
             return None
         value = next(iter(passed))

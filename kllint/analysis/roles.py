@@ -638,18 +638,14 @@ def _logprob_evidence(
 def held_distribution_log_prob(
     unknown: Unknown, patterns: RolePatterns, *, no_grad: bool = False
 ) -> Value | None:
-    """``old_dist.log_prob(tokens)``: the log-probs of a distribution held
-    under a name that says whose (``old_dist``, ``ref_pi``), as that name,
-    the one the caller chose, says; None for any other value."""
-    if len(unknown.names) < 2 or unknown.names[-1] != _DISTRIBUTION_LOGPROB:
-        return None
-    held = unknown.names[-2]
+    """``old_dist.log_prob(tokens)`` (the method's name last in ``names``):
+    the log-probs of a distribution held under a name that says whose
+    (``old_dist``, ``ref_pi``), as that name, the one the caller chose, says;
+    None when the name says nothing."""
+    held = unknown.names[-2] if len(unknown.names) >= 2 else ""
     if patterns.role_from_words(held) is None:
         return None
     return resolve(replace(unknown, names=unknown.names[:-1]), patterns, held, no_grad=no_grad)
-
-
-_DISTRIBUTION_LOGPROB = "log_prob"  # ``torch.distributions``' method
 
 
 MODEL_LOADERS = frozenset({"from_pretrained", "from_config", "load_model", "build_model"})
