@@ -144,11 +144,14 @@ class Interpreter(Calls):
                         if value.names[-1:] == (lowering.DISTRIBUTION_LOGPROB,)
                         else None
                     )
-                    value = (
-                        held
-                        if held is not None
-                        else self.resolve(replace(value, names=(*value.names, name)), name)
-                    )
+                    if held is not None:
+                        value = held
+                    elif _annotated_as_a_distribution(param):
+                        # ``base: Categorical``: the name says where the
+                        # distribution sits in a wrapper, not whose it is.
+                        value = self.resolve(value)
+                    else:
+                        value = self.resolve(replace(value, names=(*value.names, name)), name)
                 self.env[name] = value
             elif param.default is not None and (
                 bound is not None or selectors.is_selector_literal(param.default)
@@ -2896,3 +2899,9 @@ def _loads_data(iterable: cst.BaseExpression) -> bool:
     called = iterable.func if isinstance(iterable, cst.Call) else iterable
     name = dotted_name(called)
     return name is not None and roles.loads_data(name.rpartition(".")[2])
+
+
+def _annotated_as_a_distribution(param: cst.Param) -> bool:
+    annotation = param.annotation.annotation if param.annotation is not None else None
+    name = dotted_name(annotation) if annotation is not None else None
+    return name is not None and name.rpartition(".")[2] in lowering.DISTRIBUTION_TYPES

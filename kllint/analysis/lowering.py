@@ -161,6 +161,11 @@ LOSS_SCALING = frozenset({"scale"})
 # ``Categorical(logits=logits)``: a policy's next-token distributions, held
 # as their log-probs over the vocabulary (``log_softmax(logits)``).
 CATEGORICAL = frozenset({"Categorical"})
+# Parameter annotations that say a value is a distribution object
+# (``base: Categorical``, ``dist: torch.distributions.Distribution``).
+DISTRIBUTION_TYPES = CATEGORICAL | frozenset(
+    {"Distribution", "Independent", "OneHotCategorical", "TransformedDistribution"}
+)
 # ``dist.log_prob(actions)``: a log-prob of the distribution's policy.
 DISTRIBUTION_LOGPROB = "log_prob"
 DETACHING = frozenset({"detach", "item", "tolist", "numpy", "detach_"})
