@@ -316,6 +316,12 @@ class Calls(Expressions):
             items = self.eval(args[0].value)
             if isinstance(items, Seq):
                 return items
+        if name == "reversed" and len(args) == 1 and not kwargs and _lists(args[0].value):
+            # ``torch.stack(list(reversed(advantages_reversed)), dim=1)``: the
+            # steps of a backward loop put back in order.
+            items = self.eval(args[0].value)
+            if isinstance(items, Seq):
+                return replace(items, items=list(reversed(items.items)))
         if name in ("list", "tuple") and len(args) == 1 and split_tensor(args[0].value):
             # ``list(torch.split(per_token_loss, seq_lens))``: the pieces,
             # each what the tensor is.
@@ -1182,6 +1188,18 @@ class Calls(Expressions):
             rejoined = _rejoined(self.eval(args[0].value))
             if rejoined is not None:
                 return rejoined
+        if name in lowering.GATHERS_INTO and len(args) >= 2 and isinstance(args[0].value, cst.Name):
+            buffers = args[0].value.value
+            held = self.env.get(buffers)
+            if isinstance(held, Seq) or (
+                isinstance(held, Unknown) and held.names[:1] == ("comprehension",)
+            ):
+                # ``dist.all_gather(chunks, local)``: every rank's tensor copied
+                # into buffers, without a graph (``torch.distributed.nn.functional
+                # .all_gather(local)`` returns them with one).
+                copied = self.lift1(self.eval(args[1].value), ir.detach)
+                self.env[buffers] = Seq([copied], appended=True, gathered=True)
+                return Py(None)
         if name == "checkpoint" and args:
             # ``torch.utils.checkpoint.checkpoint(fn, *inputs)``: ``fn(*inputs)``,
             # its activations recomputed in the backward pass.
@@ -1907,6 +1925,7 @@ def _lists(expr: cst.BaseExpression) -> bool:
         "map",
         "zip",
         "starmap",
+        "reversed",
     )
 
 

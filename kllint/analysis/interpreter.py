@@ -1259,6 +1259,15 @@ class Interpreter(Calls):
                 self.env[target.value.value] = value
             elif (
                 key is None
+                and isinstance(container, Seq)
+                and container.gathered
+                and isinstance(value, (ir.Node, Choice))
+            ):
+                # ``chunks[rank] = local`` after ``dist.all_gather(chunks, local)``:
+                # this rank's slot holds its tensor again, with its graph.
+                self.env[target.value.value] = Seq([value], appended=True)
+            elif (
+                key is None
                 and isinstance(container, ir.Node)
                 and (ir.is_new_constant_tensor(container) or isinstance(container, ir.Const))
                 and isinstance(value, (ir.Node, Choice))

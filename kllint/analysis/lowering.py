@@ -166,6 +166,9 @@ CATEGORICAL = frozenset({"Categorical"})
 DISTRIBUTION_TYPES = CATEGORICAL | frozenset(
     {"Distribution", "Independent", "OneHotCategorical", "TransformedDistribution"}
 )
+# ``dist.all_gather(chunks, local)``: a collective that writes copies into the
+# buffers it is given, outside autograd.
+GATHERS_INTO = frozenset({"all_gather"})
 # ``dist.log_prob(actions)``: a log-prob of the distribution's policy.
 DISTRIBUTION_LOGPROB = "log_prob"
 DETACHING = frozenset({"detach", "item", "tolist", "numpy", "detach_"})

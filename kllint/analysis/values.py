@@ -52,6 +52,8 @@ class Seq:
     # Pieces of a packed tensor cut by length (``x.split(seq_lens)``): each
     # item one response's tokens, whose one axis is time.
     sequences: bool = False
+    # Buffers a collective wrote copies into (``dist.all_gather(chunks, x)``).
+    gathered: bool = False
 
 
 @dataclass
