@@ -312,3 +312,71 @@ def test_a_score_function_term_formed_under_no_grad_is_reported_on_its_line(
 
 def test_the_product_formed_after_the_block_is_right(tmp_path: Path) -> None:
     assert findings(tmp_path, NO_GRAD_SCORE.format(penalty="    " + PENALTY), "loss.py") == []
+
+
+GAE_LIST = """
+import torch
+
+
+@torch.no_grad()
+def advantages_of(log_probs, ref_log_probs, scores, mask, kl_coef=0.01, gamma=1.0, lam=1.0):
+    log_ratio = log_probs - ref_log_probs
+    kl = {estimate}
+    rewards = -kl_coef * kl * mask
+    rewards[:, -1] += scores
+    lastgaelam = torch.zeros_like(scores)
+    advantages_reversed = []
+    for t in reversed(range(rewards.size(1))):
+        lastgaelam = rewards[:, t] + gamma * lam * lastgaelam
+        advantages_reversed.append(lastgaelam)
+    return torch.stack(list(reversed(advantages_reversed)), dim=1)
+
+
+def policy_loss(log_probs, ref_log_probs, scores, mask):
+    advantages = advantages_of(log_probs.detach(), ref_log_probs, scores, mask)
+    return -(advantages * log_probs * mask).sum(-1).mean()
+"""
+
+
+def test_gae_steps_put_back_in_order_with_reversed_are_returns(tmp_path: Path) -> None:
+    # ``torch.stack(list(reversed(steps)))`` of a backward GAE loop: the k3
+    # reward is credited by returns (KL004).
+    source = GAE_LIST.format(estimate="torch.expm1(-log_ratio) + log_ratio")
+    assert findings(tmp_path, source, "loss.py") == [(8, "KL004")]
+
+
+def test_the_k1_reward_through_the_same_loop_is_right(tmp_path: Path) -> None:
+    assert findings(tmp_path, GAE_LIST.format(estimate="log_ratio"), "loss.py") == []
+
+
+CONTEXT_PARALLEL = """
+import torch
+import torch.distributed as dist
+
+
+def gather_chunks(tensor, group=None):
+    chunks = [torch.empty_like(tensor) for _ in range(dist.get_world_size(group=group))]
+    dist.all_gather(chunks, tensor.contiguous(), group=group)
+{own_chunk}
+    return torch.cat(chunks, dim=-1)
+
+
+def kl_loss(log_probs, ref_log_probs, mask, group=None):
+    full = gather_chunks(log_probs, group)
+    full_ref = gather_chunks(ref_log_probs, group)
+    full_mask = gather_chunks(mask, group)
+    seq_log_ratio = ((full - full_ref) * full_mask).sum(-1)
+    return (0.5 * seq_log_ratio.pow(2)).mean()
+"""
+
+
+def test_log_probs_gathered_into_buffers_have_no_gradient(tmp_path: Path) -> None:
+    # ``dist.all_gather`` writes copies without a graph: the sequence k2 of
+    # them regularises nothing (KL005).
+    source = CONTEXT_PARALLEL.format(own_chunk="")
+    assert findings(tmp_path, source, "loss.py") == [(18, "KL005")]
+
+
+def test_the_own_chunk_put_back_keeps_the_gradient(tmp_path: Path) -> None:
+    own = "    chunks[dist.get_rank(group=group)] = tensor"
+    assert findings(tmp_path, CONTEXT_PARALLEL.format(own_chunk=own), "loss.py") == []

@@ -203,3 +203,40 @@ def test_a_default_that_no_call_leaves_in_place_is_not_judged(tmp_path: Path) ->
 def test_the_default_a_call_leaves_in_place_is_judged(tmp_path: Path) -> None:
     # The per-token k2, summed: the token-level gradient (KL003).
     assert findings(tmp_path, PARTIAL.format(level="")) == [(12, "KL003")]
+
+
+WRAPPED_DISTRIBUTION = """
+import torch
+from torch.distributions import Categorical
+
+
+class MaskedIndependent:
+    def __init__(self, base: Categorical, mask):
+        self.base = base
+        self.mask = mask
+
+    def log_prob(self, value):
+        return (self.base.log_prob(value) * self.mask).sum(-1)
+
+
+def compute_loss(logits, ref_logits, ids, mask, advantages, coef=0.05):
+    pi = MaskedIndependent(Categorical(logits=logits), mask)
+    with torch.no_grad():
+        ref = MaskedIndependent(Categorical(logits=ref_logits), mask)
+    pg = -(advantages[:, None] * pi.base.log_prob(ids) * mask).sum(-1).mean()
+    seq_log_ratio = pi.log_prob(ids) - ref.log_prob(ids)
+    return pg + coef * {kl}
+"""
+
+
+def test_a_distribution_passed_to_a_wrapper_keeps_whose_it_is(tmp_path: Path) -> None:
+    # ``base: Categorical`` names the wrapped distribution, not the base model:
+    # the policy's sequence log-ratio, differentiated as a loss (KL001).
+    assert findings(tmp_path, WRAPPED_DISTRIBUTION.format(kl="seq_log_ratio.mean()")) == [
+        (20, "KL001")
+    ]
+
+
+def test_the_sequence_k2_through_the_same_wrapper_is_right(tmp_path: Path) -> None:
+    kl = "0.5 * seq_log_ratio.pow(2).mean()"
+    assert findings(tmp_path, WRAPPED_DISTRIBUTION.format(kl=kl)) == []
