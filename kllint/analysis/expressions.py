@@ -367,14 +367,21 @@ class Expressions(Frame):
         if not isinstance(held, DictVal) or not held.items:
             return None
         key_name, value_name = (e.value.value for e in target.elements)  # type: ignore[attr-defined]
+        return self.element_per(
+            expr, [{key_name: Py(key), value_name: item} for key, item in held.items.items()]
+        )
+
+    def element_per(
+        self, expr: cst.ListComp | cst.GeneratorExp, rows: list[dict[str, Value]]
+    ) -> Seq:
+        """The comprehension's element once per row, its loop variables bound
+        as the row says. An entry a filter certainly drops (``if
+        weights.get(name, 0.0) != 0.0``) is left out; one it may keep is in."""
         saved = dict(self.env)
         items = []
-        for key, item in held.items.items():
-            self.env[key_name] = Py(key)
-            self.env[value_name] = item
-            # ``if weights.get(name, 0.0) != 0.0``: an entry a filter
-            # certainly drops is not summed; one it may keep is.
-            if all(self.truth(test.test) is not False for test in loop.ifs):
+        for row in rows:
+            self.env.update(row)
+            if all(self.truth(test.test) is not False for test in expr.for_in.ifs):
                 items.append(self.eval(expr.elt))
         self.env = saved
         return Seq(items)
@@ -399,14 +406,7 @@ class Expressions(Frame):
         )
         if not modules or not all(isinstance(m, (Instance, FuncRef)) for m in modules):
             return None
-        saved = dict(self.env)
-        items = []
-        for module in modules:
-            self.env[bound] = module
-            if all(self.truth(test.test) is not False for test in expr.for_in.ifs):
-                items.append(self.eval(expr.elt))
-        self.env = saved
-        return Seq(items)
+        return self.element_per(expr, [{bound: module} for module in modules])
 
     def computes_logprobs(self, element: cst.BaseExpression) -> bool:
         """``[response_logprobs(policy, p, r) for p, r in zip(prompts, responses)]``:

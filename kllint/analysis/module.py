@@ -156,16 +156,12 @@ def _module_statements(body: list[ast.stmt]) -> Iterator[ast.stmt]:
             yield from _module_statements(statement.orelse)
 
 
-def _literal_keywords_by_callee(source: str) -> dict[str, list[dict[str, object]]]:
-    """For each function called by name in ``source`` (or bound by
+def _literal_keywords_by_callee(tree: ast.Module | None) -> dict[str, list[dict[str, object]]]:
+    """For each function called by name in ``tree`` (or bound by
     ``functools.partial``), each call's keywords with the constant each is
     given (None for any other value)."""
-    try:
-        tree = ast.parse(source)
-    except (SyntaxError, ValueError, RecursionError):
-        return {}
     found: dict[str, list[dict[str, object]]] = {}
-    for node in ast.walk(tree):
+    for node in ast.walk(tree) if tree is not None else ():
         if not isinstance(node, ast.Call):
             continue
         called = node.func
@@ -414,6 +410,8 @@ class ModuleInfo:
         self._indented_assignments: frozenset[str] | None = None
         self._frozen_copies: frozenset[str] | None = None
         self._literal_keywords: dict[str, list[dict[str, object]]] | None = None
+        self._python_tree: ast.Module | None = None
+        self._python_tree_read = False
         # The names in the file's own statements that define nothing (a
         # script's loop), for a file read definition by definition. Code
         # only: a string that says ``log_softmax`` computes nothing.
@@ -466,11 +464,8 @@ class ModuleInfo:
         compute_kl``: the import runs later and rebinds the name. Asked only
         of a name the module both defines and imports."""
         last = None
-        try:
-            tree = ast.parse(self.source)
-        except (SyntaxError, ValueError, RecursionError):
-            return False
-        for statement in _module_statements(tree.body):
+        tree = self.python_tree()
+        for statement in _module_statements(tree.body if tree is not None else []):
             if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 if statement.name == name:
                     last = "def"
@@ -479,13 +474,25 @@ class ModuleInfo:
                     last = "import"
         return last == "import"
 
+    def python_tree(self) -> ast.Module | None:
+        """The file as Python's parser reads it (a tenth of LibCST's cost),
+        parsed once for the questions asked of the whole file; None when it
+        does not parse."""
+        if not self._python_tree_read:
+            self._python_tree_read = True
+            try:
+                self._python_tree = ast.parse(self.source)
+            except (SyntaxError, ValueError, RecursionError):
+                self._python_tree = None
+        return self._python_tree
+
     def literal_every_call_passes(self, function: str, parameter: str) -> str | None:
         """The string every call of ``function`` in this file gives its
         ``parameter`` (``functools.partial(grpo_loss, ..., kl_level="sequence")``,
         ``self.kl_loss(..., kl_type="k2")``); None when a call omits it,
         passes something else, or there is no call."""
         if self._literal_keywords is None:
-            self._literal_keywords = _literal_keywords_by_callee(self.source)
+            self._literal_keywords = _literal_keywords_by_callee(self.python_tree())
         passed = {call.get(parameter) for call in self._literal_keywords.get(function, [])}
         if len(passed) != 1:
             return None
