@@ -246,6 +246,33 @@ def _is_separate_loss(node: ir.Node) -> bool:
     return False
 
 
+def _entropy_bonuses(pieces: list[ir.Node]) -> list[ir.Node]:
+    """The scaled policy log-probs beside KL pieces that each hold the policy's
+    log-probs too (``-alpha * logp - kl_coef * k3`` in a soft-RL reward, all
+    without gradient): an entropy bonus, a term of its own. Beside a piece of
+    reference log-probs alone it is the policy's half of a log-ratio
+    (``-beta * logp + beta * ref``); beside a piece with the policy's gradient
+    it is part of a surrogate (``k1.detach() + logp - logp.detach()``)."""
+    kl_pieces = [p for p in pieces if _has_reference(p)]
+    if (
+        not kl_pieces
+        or not all(p.has_role(Role.POLICY_LOGP) for p in kl_pieces)
+        or any(map(ir.depends_on_policy, pieces))
+    ):
+        return []
+    return [p for p in pieces if not _has_reference(p) and _scaled_log_prob(p)]
+
+
+def _scaled_log_prob(node: ir.Node) -> bool:
+    return node.has_role(Role.POLICY_LOGP) and all(
+        isinstance(n, (ir.Const, ir.Reduce))
+        or (isinstance(n, ir.Atom) and n.role in (Role.POLICY_LOGP, Role.COEFFICIENT, Role.MASK))
+        or (isinstance(n, ir.Unary) and n.op in ("neg", "detach"))
+        or (isinstance(n, ir.Binary) and n.op == "mul")
+        for n in node.walk()
+    )
+
+
 def _past_factor(node: ir.Node) -> ir.Node | None:
     """The KL side of a product or quotient by a reference-free factor
     (a coefficient, a mask, an importance ratio), else None."""
@@ -327,9 +354,10 @@ def _split(node: ir.Node) -> list[ir.Node]:
 
 
 def _to_different_references(pieces: list[ir.Node]) -> bool:
-    """Losses each reduced on its own, each against reference log-probs no
-    other piece reads (``ref_logp`` and ``reset_ref_logp``): two regularisers."""
-    if len(pieces) < 2 or not all(_is_reduced(p) for p in pieces):
+    """Losses each reduced on its own, or estimates each of a whole log-ratio
+    (two KL rewards), each against reference log-probs no other piece reads
+    (``ref_logp`` and ``reset_ref_logp``): two regularisers."""
+    if len(pieces) < 2 or not all(_is_reduced(p) or _holds_a_log_ratio(p) for p in pieces):
         return False
     seen: set[str] = set()
     for piece in pieces:
@@ -338,6 +366,10 @@ def _to_different_references(pieces: list[ir.Node]) -> bool:
             return False
         seen |= names
     return True
+
+
+def _holds_a_log_ratio(piece: ir.Node) -> bool:
+    return _has_reference(piece) and any(piece.has_role(role) for role in _LOGPROB_ROLES)
 
 
 def _split_product(node: ir.Binary) -> list[ir.Node]:
@@ -403,8 +435,14 @@ def _split_sum(node: ir.Binary) -> list[ir.Node]:
         return pieces
     # Both sides involve the reference, as in ``rewards - baseline`` where
     # the rewards hold a KL: separate losses hidden inside (the task
-    # score) still come out, the KL pieces stay together as one term.
-    separate = [p for p in pieces if not _has_reference(p) and _is_separate_loss(p)]
+    # score, an entropy bonus) still come out, the KL pieces stay together
+    # as one term.
+    bonuses = _entropy_bonuses(pieces)
+    separate = [
+        p
+        for p in pieces
+        if not _has_reference(p) and (_is_separate_loss(p) or any(p is b for b in bonuses))
+    ]
     if not separate:
         return [node]
     kept = [p for p in pieces if not any(p is q for q in separate)]
