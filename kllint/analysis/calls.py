@@ -1048,6 +1048,13 @@ class Calls(Expressions):
             folded = self.reduce_with_an_operator(call, args)
             if folded is not None:
                 return folded
+        if module == "itertools" and name == "chain" and args and not kwargs:
+            # ``chain(self._pg_losses(batch), self._kl_losses(batch))``: the
+            # items of each in turn, a loop over them runs for each.
+            streams = [self.eval(a.value) for a in args]
+            lists = [s for s in streams if isinstance(s, Seq)]
+            if len(lists) == len(streams):
+                return Seq([item for s in lists for item in s.items], generated=True)
         if module == "itertools" and name == "starmap" and len(args) == 2:
             rows = self.eval(args[1].value)
             pairs = [r for r in rows.items if isinstance(r, Seq)] if isinstance(rows, Seq) else []

@@ -201,6 +201,24 @@ class Expressions(Frame):
     def eval_await(self, expr: cst.Await) -> Value:
         return self.eval(expr.expression)
 
+    def eval_yield(self, expr: cst.Yield) -> Value:
+        """``yield loss``: what the generator gives its caller's loop, once
+        per time the body runs; ``yield from`` another generator (or a list),
+        each item it gives. What is sent back in is unknown."""
+        if isinstance(expr.value, cst.From):
+            given = self.eval(expr.value.item)
+            items = given.items if isinstance(given, Seq) else [given]
+        elif expr.value is not None:
+            items = [self.eval(expr.value)]
+        else:
+            items = []
+        for item in items:
+            if self.no_grad and isinstance(item, (ir.Node, Choice, Flipped, Grouped)):
+                # A ``no_grad`` generator runs every resumption without gradient.
+                item = self.lift1(item, ir.detach)
+            self.yielded.append(item)
+        return Unknown(code(expr), ("sent",))
+
     def eval_named_expression(self, expr: cst.NamedExpr) -> Value:
         """``(beta := args.beta) > 0``: the value, bound to the name as well."""
         value = self.eval(expr.value)
@@ -2169,6 +2187,7 @@ _EVALUATORS: dict[type, str] = {
     cst.Subscript: "eval_subscript",
     cst.Call: "eval_call",
     cst.Await: "eval_await",
+    cst.Yield: "eval_yield",
     cst.NamedExpr: "eval_named_expression",
     cst.Lambda: "eval_lambda",
     cst.DictComp: "eval_dict_comprehension",

@@ -174,6 +174,12 @@ class Frame:
         self.unrolling = False
         self.path: list[str] = []
         self.returns: list[tuple[str, Value]] = []
+        # What a generator yields, in order (``yield loss`` per micro-batch,
+        # ``yield from`` another's): its caller's loop takes each.
+        self.yielded: list[Value] = []
+        # Loop iterables already evaluated, by node id (a generator's call is
+        # run once, for its rows and for the loop's target).
+        self.iterated: dict[int, Value] = {}
         # Loop variables bound to one response of a packed tensor
         # (``for x in log_ratio.split(response_lengths)``): their one axis is time.
         self.sequence_rows: set[str] = set()

@@ -191,6 +191,8 @@ class Interpreter(Calls):
             handed_on = [] if self.stored_advantages or self.stored_returns else self.helper_rewards
             for node, shown, value in [*self.stored_rewards, *handed_on]:
                 self.advantage_sink(node, value, f"the rewards stored as `{shown}`", rewards=True)
+        if self.yielded:
+            return Seq(list(self.yielded), generated=True)
         if not self.returns:
             return None
         return choice(self.returns)
@@ -578,6 +580,13 @@ class Interpreter(Calls):
             and iterable.func.attr.value in ("items", "values", "keys")
         ):
             method, iterable = iterable.func.attr.value, iterable.func.value
+        if isinstance(iterable, cst.Call) and method is None and _may_be_a_generator(iterable):
+            value = self.eval(iterable)
+            if isinstance(value, Seq) and value.generated and len(value.items) > 1:
+                return value.items
+            # Taken by the loop's target below, not called a second time.
+            self.iterated[id(iterable)] = value
+            return None
         if not isinstance(iterable, (cst.Name, cst.Attribute, cst.List, cst.Tuple)):
             return None
         value = self.eval(iterable)
@@ -639,7 +648,11 @@ class Interpreter(Calls):
             self.assign(target, self.sequence_splits[iterable.value], node)
             self.sequence_rows.add(target.value)
             return
-        value = self.eval(pieces if pieces is not None else iterable)
+        value = (
+            self.iterated.pop(id(iterable))
+            if id(iterable) in self.iterated
+            else self.eval(pieces if pieces is not None else iterable)
+        )
         lists = (
             [v for _, v in value.options if isinstance(v, Seq) and v.items]
             if isinstance(value, Choice)
@@ -2344,6 +2357,36 @@ def _called_as(ref: FuncRef, call: cst.Call) -> str:
         if isinstance(func, cst.Name):
             return func.value
     return ref.name
+
+
+def _may_be_a_generator(call: cst.Call) -> bool:
+    """``self._micro_losses(batch)``, ``chain(pg_losses(), kl_losses())``: a
+    call whose items a loop may run over, one by one (not ``range`` or a
+    tensor method's pieces)."""
+    name = dotted_name(call.func) or ""
+    return name.rsplit(".", 1)[-1] not in _NOT_GENERATORS
+
+
+# Calls a loop iterates whose items are not a generator's: counters, pairs,
+# pieces of a tensor, a dict's entries.
+_NOT_GENERATORS = frozenset(
+    {
+        "range",
+        "zip",
+        "enumerate",
+        "reversed",
+        "sorted",
+        "items",
+        "keys",
+        "values",
+        "split",
+        "chunk",
+        "unbind",
+        "tensor_split",
+        "len",
+        "DataLoader",
+    }
+)
 
 
 def _time_loop_direction(statement: cst.For | cst.While) -> str | None:

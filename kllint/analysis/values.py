@@ -54,6 +54,8 @@ class Seq:
     sequences: bool = False
     # Buffers a collective wrote copies into (``dist.all_gather(chunks, x)``).
     gathered: bool = False
+    # What a generator yields, in order: a loop over it runs for each.
+    generated: bool = False
 
 
 @dataclass
