@@ -318,6 +318,11 @@ def _verdicts(sinks: list[Sink], path: str) -> list[_Verdict]:
     right_in_a_loss: set[int] = set()
     # Losses whose KL is right on the implementation the flags' defaults run.
     right_by_default: set[int] = set()
+    # Estimates in a term with the sequence KL's gradient on the path the
+    # flags' defaults take (a k3 reward beside the k3 loss ``kl_in_loss``
+    # turns on): a flag set against its default that drops the partner
+    # does not make the estimate a finding.
+    right_as_set: set[int] = set()
     # Backward passes of a function a caller inlined, with the arguments the
     # caller passes: whether every KL term there was judged right.
     right_in_a_caller: dict[int, bool] = {}
@@ -345,6 +350,8 @@ def _verdicts(sinks: list[Sink], path: str) -> list[_Verdict]:
                     right_in_a_loss.update(_origin_nodes_within(site.term))
                 if site.profile.sequence_correct and not off_the_default_implementation(branch):
                     right_by_default.add(id(sink.node))
+                if site.profile.sequence_correct and not against_defaults(branch):
+                    right_as_set.update(_origin_nodes_within(site.term))
                 for rule in RULES.values():
                     if rule.check(site):
                         key = (rule.code, id(site.origin.cst_node))
@@ -369,6 +376,10 @@ def _verdicts(sinks: list[Sink], path: str) -> list[_Verdict]:
             all(off_the_default_implementation(b) for b in v.branches)
             and all(id(s.node) in right_by_default for s in v.sinks)
         )
+        and not (
+            id(v.site.origin.cst_node) in right_as_set
+            and all(against_defaults(b) for b in _branches_run(v))
+        )
     ]
     verdicts = _as_run(
         verdicts,
@@ -378,6 +389,13 @@ def _verdicts(sinks: list[Sink], path: str) -> list[_Verdict]:
     )
     paired = _right_together(verdicts)
     return _one_per_expression([v for v in _kept(verdicts, cleared) if id(v) not in paired])
+
+
+def _branches_run(verdict: _Verdict) -> list[str]:
+    """The paths on which the training step's backward pass reaches a
+    verdict; all its paths when no backward pass does (a loss read alone)."""
+    run = [b for b, sink in zip(verdict.branches, verdict.sinks) if sink.backward]
+    return run or verdict.branches
 
 
 def _as_run(
