@@ -1067,11 +1067,12 @@ class Expressions(Frame):
             return None
         return self.callable_of_type(held[0].value, init)
 
-    def built_in_init(self, attr: str) -> Instance | None:
+    def built_in_init(self, attr: str) -> Instance | Seq | None:
         """``self.kl_loss_fn`` set once in ``__init__`` to an object of a
         class of the project built from literals, settings or ``__init__``'s
         own parameters (``KLLoss(kind="k3")``, ``KLEstimator(config.kl_estimator)``,
-        ``DistillLoss(temperature=temperature)``)."""
+        ``DistillLoss(temperature=temperature)``), or to a list of such
+        objects (loss callbacks, each called in turn)."""
         assert self.cls is not None
         if not selectors.builds_object(self.module, self.cls, attr):
             return None
@@ -1079,9 +1080,23 @@ class Expressions(Frame):
         if init is None:
             return None
         built = _init_assignments(init).get(attr, []) or self.chosen_in_init(init, attr)
-        if len(built) != 1 or not isinstance(built[0], cst.Call):
+        if len(built) != 1:
             return None
-        call = built[0]
+        if isinstance(built[0], (cst.List, cst.Tuple)):
+            calls = [e.value for e in built[0].elements]
+            if not calls or not all(isinstance(c, cst.Call) for c in calls):
+                return None
+            objects = [self.object_built(init, c) for c in calls]  # type: ignore[arg-type]
+            if not all(isinstance(o, Instance) for o in objects):
+                return None
+            return Seq(list(objects))  # type: ignore[arg-type]
+        if not isinstance(built[0], cst.Call):
+            return None
+        return self.object_built(init, built[0])
+
+    def object_built(self, init: cst.FunctionDef, call: cst.Call) -> Instance | None:
+        """The object ``__init__`` builds by ``call``, when what it is given
+        carries no KL term (literals, settings, its own parameters)."""
         if not all(
             selectors.is_selector_literal(a.value)
             or isinstance(a.value, (cst.Float, cst.Attribute, cst.Name))
@@ -1104,6 +1119,12 @@ class Expressions(Frame):
         if not any(
             self.context.project.method(found[0], found[1], name) is not None
             for name in ("forward", "__call__")
+        ) and not any(
+            # ``self.kl_callback = KLPenaltyCallback(beta)``, whose ``on_loss``
+            # adds the KL to the loss it is handed.
+            name != "__init__"
+            and roles.may_compute_kl(found[1], name, found[0], self.context.role_patterns)
+            for name in found[0].methods
         ):
             if not all(selectors.is_selector_literal(a.value) for a in call.args):
                 return None

@@ -1592,6 +1592,7 @@ class Interpreter(Calls):
         )
         sinks_before = len(self.context.sinks)
         rewards_before = len(self.helper_rewards)
+        records = {id(v): (v, dict(v.items)) for v in bound.values() if isinstance(v, DictVal)}
         result = self.run_helper(ref, key, site, bound, in_place)
         if not in_place and self.call_site is None:
             result = _handed_back_at_the_call(result, bound, site)
@@ -1609,6 +1610,22 @@ class Interpreter(Calls):
             and not self.context.calls[called_as]
             and self.context.calls_through_any(called_as) == 1
         )
+        if (
+            once_through_any
+            and not in_place
+            and result is None
+            and not sinks.steerable(ref.node)
+            and _writes_its_own_defect(records)
+        ):
+            # ``cb.on_loss(state)``: a helper that returns nothing but writes
+            # a loss holding its KL into the dict it is handed
+            # (``state["loss"] = state["loss"] - beta * kl``) decides the use
+            # itself: its findings are placed inside it, the dict as it was given.
+            for record, entries in records.values():
+                record.items.clear()
+                record.items.update(entries)
+            result = self.run_helper(ref, key, site, bound, True)
+            in_place = True
         # A loss helper of this file called from one place inside a helper
         # judged at its own call: a defect of its own (a k1 it reduces into a
         # loss, whatever it is given) is still written where it is.
@@ -1853,6 +1870,16 @@ def _defect_of_its_own(value: Value, maximised: bool = False) -> bool:
             # (``exp(lq - lmu)`` beside ``exp(lp - lmu)``), whatever it is given.
             return True
     return False
+
+
+def _writes_its_own_defect(records: dict[int, tuple[DictVal, dict[str, Value]]]) -> bool:
+    """Whether a helper wrote, into a dict it was given, an entry whose KL
+    has a defect of its own (see ``_defect_of_its_own``)."""
+    return any(
+        value is not before.get(key) and _defect_of_its_own(value)
+        for record, before in records.values()
+        for key, value in record.items.items()
+    )
 
 
 def _score_function_term(term: ir.Node) -> bool:

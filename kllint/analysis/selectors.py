@@ -560,9 +560,10 @@ _TUPLE_TARGETS = re.compile(
 )
 # ``self.kl = KLLoss(...)``, or a class picked from a registry and built
 # (``self.kl_fn = KL_MODULES[cfg.kl_estimator]()``, ``KL_LOSSES[lc["kl"]]()``),
-# or by a classmethod factory (``KLPenalty.from_config(args)``).
+# or by a classmethod factory (``KLPenalty.from_config(args)``), or a list of
+# objects (``self.callbacks = [PolicyGradientCallback(), KLCallback(beta)]``).
 _BUILT = re.compile(
-    r"self\.(\w+)\s*=\s*\(?\s*_*[A-Z]\w*(?:\.\w+)?\s*(?:\[(?:[^\[\]\n]|\[[^\]\n]*\])*\]\s*)?\("
+    r"self\.(\w+)\s*=\s*[(\[]?\s*_*[A-Z]\w*(?:\.\w+)?\s*(?:\[(?:[^\[\]\n]|\[[^\]\n]*\])*\]\s*)?\("
 )
 # ``self.kl_regularizer = kl_regularizer``: an attribute set to a bare name, and
 # ``kl_regularizer: KLRegularizer``, a name annotated with a class.
