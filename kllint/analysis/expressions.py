@@ -1212,13 +1212,18 @@ class Expressions(Frame):
         setting (``KL_ESTIMATORS[config.estimator]``)."""
         assert self.cls is not None
         # Read from the class's text first: ``__init__`` is parsed only for
-        # an attribute the class assigns once.
-        if not selectors.assigned_once(self.module, self.cls, attr):
+        # an attribute the class assigns once, or on each branch of an ``if``.
+        once = selectors.assigned_once(self.module, self.cls, attr)
+        if not once and not selectors.assigned_on_branches(self.module, self.cls, attr):
             return None
         init = _constructor(self.cls, attr)
         if init is None:
             return None
-        assigned = _init_assignments(init).get(attr, [])
+        # ``if args.kl_reduction == "token": self.kl_reduce = partial(masked_sum, ...)
+        # elif ...``: the branch the settings' defaults take.
+        assigned = (
+            _init_assignments(init).get(attr, []) if once else self.chosen_in_init(init, attr)
+        )
         if len(assigned) == 1 and _trained_parameter(assigned[0]):
             # ``self.log_alpha = nn.Parameter(...)``: a dual variable or a
             # learned coefficient, trained by a loss of its own; its gradient
@@ -1555,6 +1560,31 @@ class Expressions(Frame):
                 self.call_site.notes.append(note)
         return default
 
+    def index_passed_down(self, key: Unknown) -> int | None:
+        """``stack[kl_type]`` in a helper its caller gave ``kl_type=args.kl_estimator``:
+        the default the package gives that setting picks the item, as it
+        does for ``stack[args.kl_estimator]`` written in the caller."""
+        if key.call or key.module is not None or len(key.names) < 2:
+            return None
+        owner = key.names[:-1]
+        default = selectors.config_default(
+            self.context.project,
+            self.context.fs_path,
+            self.module,
+            None,
+            None,
+            Unknown(".".join(owner), owner),
+            key.names[-1],
+            index=True,
+        )
+        if default is None or not isinstance(default.value, int) or isinstance(default.value, bool):
+            return None
+        if self.call_site is not None:
+            note = selectors.default_note(key.text, default)
+            if note not in self.call_site.notes:
+                self.call_site.notes.append(note)
+        return default.value
+
     def index_sequence(self, expr: cst.Subscript, base: Seq, key_value: Value | None) -> Value:
         """``pair[0]``; ``steps[t]`` of rows collected in a loop; ``options[i]``
         by an index kllint cannot resolve: one alternative per item."""
@@ -1567,6 +1597,8 @@ class Expressions(Frame):
             and not isinstance(key_value.value, bool)
         ):
             index = key_value.value
+        if index is None and isinstance(key_value, Unknown):
+            index = self.index_passed_down(key_value)
         if index is not None and -len(base.items) <= index < len(base.items):
             return base.items[index]
         if base.appended:

@@ -153,9 +153,10 @@ def read_with_a_default(call: cst.Call) -> Py | None:
     return Py(default.evaluated_value, source=f"`{key.evaluated_value!s}` unset in {where}")
 
 
-def default_note(subject: cst.BaseExpression, default: Py) -> str:
+def default_note(subject: cst.BaseExpression | str, default: Py) -> str:
     """How a resolved config default is explained in a finding."""
-    return f"{full_code(subject)} = {default.value!r} (default from {default.source})"
+    shown = subject if isinstance(subject, str) else full_code(subject)
+    return f"{shown} = {default.value!r} (default from {default.source})"
 
 
 def class_constant(module: ModuleInfo, class_name: str, attr: str) -> Py | None:
@@ -479,6 +480,12 @@ def assigned_once(module: ModuleInfo, cls: ClassInfo, attr: str) -> bool:
     return _self_assignments(module, cls, attr) == 1
 
 
+def assigned_on_branches(module: ModuleInfo, cls: ClassInfo, attr: str) -> bool:
+    """Several lines of the class assign ``self.attr``, each to a call
+    (``self.kl_reduce = functools.partial(...)`` on each branch of an ``if``)."""
+    return _self_assignments(module, cls, attr) > 1 and attr in _self_attributes(module, cls)[2]
+
+
 def builds_object(module: ModuleInfo, cls: ClassInfo, attr: str) -> bool:
     """Some line of the class sets ``self.attr = Name(...)``, a class's
     object (read from its text: ``__init__`` need not be parsed to learn
@@ -507,10 +514,13 @@ def _self_assignments(module: ModuleInfo, cls: ClassInfo, attr: str) -> int:
     return _self_attributes(module, cls)[0].get(attr, 0)
 
 
-def _self_attributes(module: ModuleInfo, cls: ClassInfo) -> tuple[Counter[str], frozenset[str]]:
-    """How often the class's text assigns each ``self.x``, and which it sets
-    to a class's object: one scan of the class per process (a pattern per
-    attribute asked about was compiled anew for each, beyond ``re``'s cache)."""
+def _self_attributes(
+    module: ModuleInfo, cls: ClassInfo
+) -> tuple[Counter[str], frozenset[str], frozenset[str]]:
+    """How often the class's text assigns each ``self.x``, which it sets to
+    a class's object, and which to a call of a function: one scan of the
+    class per process (a pattern per attribute asked about was compiled anew
+    for each, beyond ``re``'s cache)."""
     key = (module.path, cls.name)
     known = _SELF_ATTRIBUTES.get(key)
     if known is None:
@@ -521,6 +531,7 @@ def _self_attributes(module: ModuleInfo, cls: ClassInfo) -> tuple[Counter[str], 
         known = _SELF_ATTRIBUTES[key] = (
             assigned,
             frozenset(_BUILT.findall(text)),
+            frozenset(_CALLED.findall(text)),
         )
     return known
 
@@ -565,6 +576,8 @@ _TUPLE_TARGETS = re.compile(
 _BUILT = re.compile(
     r"self\.(\w+)\s*=\s*[(\[]?\s*_*[A-Z]\w*(?:\.\w+)?\s*(?:\[(?:[^\[\]\n]|\[[^\]\n]*\])*\]\s*)?\("
 )
+# ``self.kl_reduce = functools.partial(masked_sum, ...)``: set to a call's result.
+_CALLED = re.compile(r"self\.(\w+)\s*=\s*[\w.]+\(")
 # ``self.kl_regularizer = kl_regularizer``: an attribute set to a bare name, and
 # ``kl_regularizer: KLRegularizer``, a name annotated with a class.
 _HELD = re.compile(r"^[ \t]+self\.(\w+)\s*(?::[^=\n]+)?=\s*([A-Za-z_]\w*)[ \t]*$", re.M)
@@ -572,7 +585,7 @@ _TYPED_PARAMETER = re.compile(r"\b(\w+)\s*:\s*_*[A-Z]\w*\s*[,)=]")
 _HELD_NAMES: dict[tuple[Path, str], frozenset[str]] = {}
 # ``self.shaper: RewardShaper = KLShaper(...)`` reads as ``self.shaper = KLShaper(...)``.
 _ANNOTATION = re.compile(r"(?m)^([ \t]*self\.\w+)[ \t]*:[^=\n]+=(?!=)")
-_SELF_ATTRIBUTES: dict[tuple[Path, str], tuple[Counter[str], frozenset[str]]] = {}
+_SELF_ATTRIBUTES: dict[tuple[Path, str], tuple[Counter[str], frozenset[str], frozenset[str]]] = {}
 
 
 def _passed_in(project: Project, module: ModuleInfo, cls: ClassInfo, attr: str) -> bool:
