@@ -415,6 +415,14 @@ PREFERENCE_WORDS = frozenset(
 )
 
 
+# Log-probs of data the policy did not sample: demonstrations, a pretraining
+# mix (InstructGPT's ``ptx_loss``), expert trajectories. An NLL term there,
+# however it is written against the reference, is no KL estimate.
+DEMONSTRATION_WORDS = frozenset(
+    {"ptx", "demo", "demos", "demonstration", "demonstrations", "pretrain", "pretraining", "expert"}
+)
+
+
 def from_container(names: tuple[str, ...]) -> bool:
     """A chain read from stored rollout data (``batch["ref_logprobs"]``)."""
     return any(w in CONTAINER_WORDS for n in names for w in words(n))

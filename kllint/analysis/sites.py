@@ -27,6 +27,7 @@ from kllint.analysis.ir import Role
 from kllint.analysis.policy_words import names_a_guard
 from kllint.analysis.roles import (
     CURRENT_WORDS,
+    DEMONSTRATION_WORDS,
     KL_TERM_WORDS,
     PREFERENCE_WORDS,
     TOKEN_WORDS,
@@ -150,6 +151,7 @@ def kl_terms(value: ir.Node) -> list[ir.Node]:
         and any(t.has_role(r) for r in _LOGPROB_ROLES)
         and not any(a.level is ir.Level.DISTRIBUTION for a in t.atoms())
         and not _is_preference_contrast(t)
+        and not _on_demonstrations(t)
         and not _is_value_regression(t)
         and not (unread and not ir.depends_on_policy(t))
     ]
@@ -225,6 +227,15 @@ def _is_preference_contrast(term: ir.Node) -> bool:
     if len(policy) >= 2 and len(reference) >= 2:
         return True
     return any(has_words(n, PREFERENCE_WORDS) for n in policy + reference)
+
+
+def _on_demonstrations(term: ir.Node) -> bool:
+    """``(ptx_sft_log_probs - ptx_log_probs).sum(-1).mean()``: the policy's
+    log-probs of demonstrations or a pretraining mix, an NLL on data the
+    policy did not sample, written against the reference so that it reads
+    zero at the start. The on-policy gradient analysis does not apply."""
+    policy = _names(term, Role.POLICY_LOGP)
+    return bool(policy) and all(has_words(n, DEMONSTRATION_WORDS) for n in policy)
 
 
 def _has_reference(node: ir.Node) -> bool:
