@@ -425,6 +425,9 @@ class Calls(Expressions):
                 if looked_up.value in receiver.items:
                     return receiver.items[looked_up.value]
                 return self.eval(args[1].value) if len(args) == 2 else Py(None)
+        if isinstance(receiver, DictVal) and method == "_replace" and kwargs and not args:
+            # ``out._replace(kl=...)`` of a ``NamedTuple``: a copy, those fields new.
+            return self.replaced(receiver, kwargs)
         if isinstance(receiver, DictVal) and method == "values" and not args:
             return Seq(list(receiver.items.values()))
         if isinstance(receiver, DictVal) and method == "update":
@@ -1027,6 +1030,10 @@ class Calls(Expressions):
                 return receiver
         return self.unknown_call(call, method, receiver, args)
 
+    def replaced(self, record: DictVal, fields: dict[str, cst.BaseExpression]) -> DictVal:
+        changed = {name: self.eval(expr) for name, expr in fields.items()}
+        return DictVal({**record.items, **changed}, positional=record.positional)
+
     def call_module_function(
         self,
         module: str,
@@ -1048,6 +1055,12 @@ class Calls(Expressions):
             folded = self.reduce_with_an_operator(call, args)
             if folded is not None:
                 return folded
+        if module == "dataclasses" and name == "replace" and len(args) == 1 and kwargs:
+            # ``dataclasses.replace(out, loss=out.loss + beta * kl)``: a copy of
+            # the record, those fields new.
+            record = self.eval(args[0].value)
+            if isinstance(record, DictVal):
+                return self.replaced(record, kwargs)
         if module == "itertools" and name == "chain" and args and not kwargs:
             # ``chain(self._pg_losses(batch), self._kl_losses(batch))``: the
             # items of each in turn, a loop over them runs for each.

@@ -30,6 +30,7 @@ from kllint.analysis.syntax import (
     full_code,
     int_literal,
     named_params,
+    string_key,
 )
 from kllint.analysis.values import (
     Choice,
@@ -124,6 +125,13 @@ class Expressions(Frame):
                 summed = lowering.masked_dot(self.torch_call(expr), left, right, flattened)
             if summed is not None:
                 return summed
+        if isinstance(expr.operator, cst.BitOr) and isinstance(right, DictVal):
+            # ``rollout | {"kl": ...}``: a copy of the record with entries
+            # added, read back by key as ``{**rollout, "kl": ...}`` is.
+            entries = left.items if isinstance(left, DictVal) else {}
+            if isinstance(left, Unknown):
+                entries = self.context.entries(left)
+            return DictVal({**entries, **right.items})
         if op is None:
             return Unknown(code(expr), ("binop",))
         if isinstance(left, Unknown) and op == "sub" and _normaliser_of(expr.right, expr.left):
@@ -1452,6 +1460,9 @@ class Expressions(Frame):
             # spreads it back over the sequence's tokens).
             total = ir.Reduce("sum", ir.Axis.TIME, running.arg, origin=self.origin(expr))
             return total if running is base else ir.detach(total)
+        if len(expr.slice) > 1:
+            nested = string_key(expr)
+            key_value = Py(nested) if nested is not None else None
         if isinstance(index, cst.Index):
             key_value = self.eval(index.value)
             if (

@@ -1350,6 +1350,9 @@ class Interpreter(Calls):
             container = self.eval(target.value)
             if key is not None and isinstance(container, Unknown):
                 self.context.write(container, key, value)
+            elif key is not None and isinstance(container, DictVal):
+                # ``out.metrics["kl"] = kl_value``: an entry of a dict a record holds.
+                container.items[key] = value
 
     def assign_name(self, name: str, value: Value, node: cst.CSTNode) -> None:
         """``name = value``: the name is evidence of what the value is."""

@@ -45,13 +45,17 @@ def full_code(node: cst.CSTNode) -> str:
 
 
 def string_key(expr: cst.Subscript) -> str | None:
-    """``batch["ref_logprobs"]``: the string key, else None."""
-    if len(expr.slice) == 1 and isinstance(expr.slice[0].slice, cst.Index):
-        inner = expr.slice[0].slice.value
-        if isinstance(inner, cst.SimpleString):
-            value = inner.evaluated_value
-            return value if isinstance(value, str) else None
-    return None
+    """``batch["ref_logprobs"]``: the string key, else None. A TensorDict's
+    nested key (``td["teacher", "logps"]``) is its parts joined, so that
+    its words name what it holds (``teacher_logps``)."""
+    parts = []
+    for element in expr.slice:
+        inner = element.slice.value if isinstance(element.slice, cst.Index) else None
+        value = inner.evaluated_value if isinstance(inner, cst.SimpleString) else None
+        if not isinstance(value, str):
+            return None
+        parts.append(value)
+    return "_".join(parts) if parts else None
 
 
 def int_literal(expr: cst.BaseExpression) -> int | None:
