@@ -378,6 +378,9 @@ class Expressions(Frame):
         target, iterable = loop.target, loop.iter
         if loop.inner_for_in is None and isinstance(target, cst.Name):
             return self.each_module(expr, target.value)
+        unpacked = self.each_tuple(expr)
+        if unpacked is not None:
+            return unpacked
         if not (
             loop.inner_for_in is None
             and isinstance(iterable, cst.Call)
@@ -396,6 +399,38 @@ class Expressions(Frame):
         return self.element_per(
             expr, [{key_name: Py(key), value_name: item} for key, item in held.items.items()]
         )
+
+    def each_tuple(self, expr: cst.ListComp | cst.GeneratorExp) -> Seq | None:
+        """``coef * value for coef, value in terms.values()`` over the
+        (weight, loss) pairs a dict (or a list) kllint holds: one element
+        per pair, its parts bound to the loop's names."""
+        loop = expr.for_in
+        target, iterable = loop.target, loop.iter
+        if loop.inner_for_in is not None or not isinstance(target, cst.Tuple):
+            return None
+        names = [e.value.value for e in target.elements if isinstance(e.value, cst.Name)]
+        if len(names) != len(target.elements):
+            return None
+        values = (
+            isinstance(iterable, cst.Call)
+            and isinstance(iterable.func, cst.Attribute)
+            and iterable.func.attr.value == "values"
+            and not iterable.args
+        )
+        if not values and not isinstance(iterable, (cst.Name, cst.Attribute)):
+            return None
+        held = self.eval(iterable.func.value if values else iterable)  # type: ignore[attr-defined]
+        rows = (
+            list(held.items.values())
+            if values and isinstance(held, DictVal)
+            else held.items
+            if not values and isinstance(held, Seq) and not held.appended
+            else []
+        )
+        pairs = [row for row in rows if isinstance(row, Seq) and len(row.items) == len(names)]
+        if not pairs or len(pairs) != len(rows):
+            return None
+        return self.element_per(expr, [dict(zip(names, pair.items)) for pair in pairs])
 
     def element_per(
         self, expr: cst.ListComp | cst.GeneratorExp, rows: list[dict[str, Value]]

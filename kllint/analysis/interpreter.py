@@ -1842,8 +1842,16 @@ def _defect_of_its_own(value: Value, maximised: bool = False) -> bool:
     caller passed detached log-probs), leaves the defect to the use the
     caller makes of it; so does a per-token estimate, whose use (a reward, a
     loss) is still the caller's to decide."""
+    # Loss terms returned together (``{"pg": (1.0, pg_loss), "kl": (beta, kl)}``):
+    # the rest of the loss has the policy's gradient where any of them has.
+    live = {
+        id(node)
+        for group in _terms_returned_together(value)
+        if any(map(ir.depends_on_policy, group))
+        for node in group
+    }
     terms = [
-        (term, ir.depends_on_policy(node))
+        (term, ir.depends_on_policy(node) or id(node) in live)
         for node in tensors_of(value)
         if not ir.is_detached(node)
         for term in sites.kl_terms(ir.neg(node) if maximised else node)
@@ -1883,6 +1891,31 @@ def _writes_its_own_defect(records: dict[int, tuple[DictVal, dict[str, Value]]])
         for record, before in records.values()
         for key, value in record.items.items()
     )
+
+
+def _terms_returned_together(value: Value) -> list[list[ir.Node]]:
+    """The groups of loss terms a helper returns side by side: the tensors of
+    one tuple or dict, each alone or weighted (``(beta, kl_loss)``). A dict
+    of metrics returned beside the loss (``loss, log``) is a group of its own."""
+    groups: list[list[ir.Node]] = []
+
+    def visit(held: Value) -> None:
+        if not isinstance(held, (Seq, DictVal)):
+            return
+        group: list[ir.Node] = []
+        for item in held.items if isinstance(held, Seq) else list(held.items.values()):
+            if isinstance(item, ir.Node):
+                group.append(item)
+            elif isinstance(item, Seq) and not any(
+                isinstance(i, (Seq, DictVal)) for i in item.items
+            ):
+                group.extend(i for i in item.items if isinstance(i, ir.Node))
+            else:
+                visit(item)
+        groups.append(group)
+
+    visit(value)
+    return groups
 
 
 def _score_function_term(term: ir.Node) -> bool:
