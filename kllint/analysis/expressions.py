@@ -47,6 +47,7 @@ from kllint.analysis.values import (
     dict_key,
     has_distribution,
     negate_condition,
+    note_default,
     shown_key,
     written_attribute,
 )
@@ -264,6 +265,11 @@ class Expressions(Frame):
         if truth is False:
             return self.eval(expr.orelse)
         label = self.condition_label(expr.test)
+        flag = self.flag_defaults.pop(id(expr.test), None)
+        if flag is not None:
+            # ``ratio if self.use_is else torch.ones_like(ratio)``: a feature
+            # flag stays open, its default remembered, as for an ``if``.
+            note_default(label, flag)
         return choice(
             [(label, self.eval(expr.body)), (negate_condition(label), self.eval(expr.orelse))]
         )
@@ -1243,7 +1249,7 @@ class Expressions(Frame):
             return None
         return self.context.project.class_named(picked.class_name, self.module)
 
-    def setting_in_init(self, attr: str) -> Py | ir.Node | FuncRef | Seq | DictVal | None:
+    def setting_in_init(self, attr: str) -> Py | ir.Node | FuncRef | Seq | DictVal | Unknown | None:
         """``self.kl_type`` set once, in ``__init__``, from the settings it was
         given, with ``__init__``'s parameters unknown: the selector it reads
         (``KLType(cfg.get("kl_type", KLType.K3))``), a number of the settings
@@ -1330,6 +1336,10 @@ class Expressions(Frame):
         # default of 0 would otherwise switch the KL term off for kllint).
         # ``self.algo_cfg = config["algorithm"]`` is a section of the settings,
         # named as one, not a number.
+        if isinstance(value, Unknown) and value.default_flag is not None:
+            # ``self.use_is = cfg["use_importance_sampling_correction"]``: a
+            # feature flag, open, with the default the settings give it.
+            return value
         section = bool(set(roles.words(attr)) & selectors.CONFIG_WORDS)
         if not section and (
             (
