@@ -320,6 +320,11 @@ class Expressions(Frame):
             # ``{name: partial(approx_kl, kind=name) for name in ("k1", "k3")}``:
             # a registry built over literals, one entry per literal.
             keys = self.eval(source)
+            classes = self.registered_classes(keys, expr.key, loop.target.value)
+            if classes is not None:
+                # ``{cls.name: cls for cls in (K1, K2, K3)}``: each class under
+                # the constant its body gives the attribute.
+                return DictVal(classes)
             if isinstance(keys, Seq) and keys.items and all(isinstance(k, Py) for k in keys.items):
                 bound = loop.target.value
                 saved_value = self.env.get(bound)
@@ -336,6 +341,33 @@ class Expressions(Frame):
                     self.env[bound] = saved_value
                 return DictVal(registry)
         return Unknown(code(expr), ("comprehension",))
+
+    def registered_classes(
+        self, classes: Value, key: cst.BaseExpression, bound: str
+    ) -> dict[str, Value] | None:
+        """Classes of the project keyed by a constant of each class's body
+        (``cls.name`` with ``name = "k1"`` in ``class K1``), else None."""
+        if not (
+            isinstance(classes, Seq)
+            and classes.items
+            and isinstance(key, cst.Attribute)
+            and isinstance(key.value, cst.Name)
+            and key.value.value == bound
+        ):
+            return None
+        registry: dict[str, Value] = {}
+        for item in classes.items:
+            if not isinstance(item, Unknown) or item.class_name is None:
+                return None
+            found = self.context.project.class_named(item.class_name, self.module)
+            if found is None:
+                return None
+            constant = selectors.class_constant(found[1], found[0].name, key.attr.value)
+            held = dict_key(constant.value) if constant is not None else None
+            if held is None:
+                return None
+            registry[held] = item
+        return registry
 
     def eval_comprehension(self, expr: cst.ListComp | cst.GeneratorExp) -> Value:
         """``[k3(lp, ref) for lp, ref in zip(logps, ref_logps)]`` over micro-
@@ -574,8 +606,15 @@ class Expressions(Frame):
                     constant.value in self.module.functions or constant.value in self.module.imports
                 )
             ):
-                # ``compute_kl = kl_penalty``: an old name kept for a renamed function.
-                return self.eval(constant)
+                # ``compute_kl = kl_penalty``: an old name kept for a renamed
+                # function, read in the module (a parameter named ``kl_penalty``
+                # in the function calling ``compute_kl`` does not shadow it).
+                target = constant.value
+                if target in self.module.functions and not (
+                    target in self.module.imports and self.module.imported_over_definition(target)
+                ):
+                    return FuncRef(unparsed(self.module.functions, target), self.module)
+                return self.imported(target, self.module.imports[target])
             if isinstance(constant, (cst.Tuple, cst.List)) and self.function_list(constant):
                 # ``KL_ABLATIONS = [("k1", lambda lp, ref, m: lp - ref), ...]``:
                 # a dispatch table indexed by position.
