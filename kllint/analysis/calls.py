@@ -1291,6 +1291,13 @@ class Calls(Expressions):
         reduction = self.eval(kwargs["reduction"]) if "reduction" in kwargs else None
         if not (isinstance(reduction, Py) and reduction.value == "none"):
             return None
+        if len(args) >= 2:
+            target = self.eval(args[1].value)
+            if has_distribution(target) or (isinstance(target, Unknown) and target.distribution):
+                # ``F.cross_entropy(ref_logits, probs)`` with probabilities as
+                # the target: a cross-entropy over the vocabulary, not minus
+                # the sampled token's log-prob.
+                return None
         first = self.eval(args[0].value)
         origin = self.origin(call)
         if has_distribution(first):
@@ -1321,8 +1328,10 @@ class Calls(Expressions):
 
     def named_by_source(self, log_probs: Unknown) -> Value:
         """Log-probs computed in an expression, not assigned to a name, named
-        by what they were computed from (``logits``, not ``.transpose``)."""
-        return self.resolve(log_probs, _source_name(log_probs))
+        by what they were computed from (``logits``, not ``.transpose``); of
+        a teacher's or a reference's logits, by that model
+        (``self.teacher_model(...).logits`` given to a helper's ``logits``)."""
+        return self.resolve(log_probs, _model_named(log_probs) or _source_name(log_probs))
 
     def named_call(
         self,
@@ -1900,6 +1909,17 @@ def _ray_remote(decorators: Sequence[cst.Decorator]) -> bool:
         if (dotted_name(expr) or "").endswith("remote"):
             return True
     return False
+
+
+def _model_named(log_probs: Unknown) -> str | None:
+    """The teacher or reference model log-probs were computed by
+    (``self.teacher_model(...).logits``), named so, else None."""
+    named = [
+        n
+        for n in log_probs.names
+        if roles.names_a_teacher(n) or roles.has_words(n, roles.REFERENCE_WORDS)
+    ]
+    return named[-1] if named else None
 
 
 def _source_name(log_probs: Unknown) -> str:

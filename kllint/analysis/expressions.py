@@ -1538,6 +1538,12 @@ class Expressions(Frame):
         key_value: Value | None = None
         index = expr.slice[0].slice if len(expr.slice) == 1 else None
         running = _running_sum(base)
+        if running is not None and _last_column(expr):
+            # ``running[:, -1:]`` of ``log_ratio.cumsum(dim=1)``: the running
+            # sum at the last token, each sequence's total (``running[:, -1:]
+            # - running + x`` is then the KL still to come).
+            total = ir.Reduce("sum", ir.Axis.TIME, running.arg, origin=self.origin(expr))
+            return total if running is base else ir.detach(total)
         if running is not None and isinstance(index, cst.Index) and _segment_ends(index.value):
             # ``csum[last_idx]`` over packed tokens: the running sum at each
             # sequence's last token, its total (``csum[last_idx][seg_ids]``
@@ -1859,6 +1865,32 @@ def _running_sum(value: Value) -> ir.CumSum | None:
     if isinstance(value, ir.CumSum) and not value.reverse and value.discount is None:
         return value
     return None
+
+
+def _last_column(expr: cst.Subscript) -> bool:
+    """``x[:, -1]``, ``x[:, -1:]``, ``x[..., -1:]``: the last position along
+    the last axis, every row kept."""
+    *rows, last = expr.slice
+    if not rows or not all(
+        (
+            isinstance(r.slice, cst.Slice)
+            and r.slice.lower is None
+            and r.slice.upper is None
+            and r.slice.step is None
+        )
+        or (isinstance(r.slice, cst.Index) and isinstance(r.slice.value, cst.Ellipsis))
+        for r in rows
+    ):
+        return False
+    if isinstance(last.slice, cst.Index):
+        return int_literal(last.slice.value) == -1
+    return (
+        isinstance(last.slice, cst.Slice)
+        and last.slice.lower is not None
+        and int_literal(last.slice.lower) == -1
+        and last.slice.upper is None
+        and last.slice.step is None
+    )
 
 
 def _segment_ends(index: cst.BaseExpression) -> bool:

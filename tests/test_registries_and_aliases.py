@@ -1,0 +1,243 @@
+"""Names that lead to the estimator: a registry of classes keyed by a
+constant of each class, a module alias of a function that a parameter of
+the caller shadows, a teacher's logits handed to a helper's ``logits``, a
+cross-entropy against probabilities, and the total read off the end of a
+running sum. Each has its correct twin, which stays quiet."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+from kllint.engine import lint_paths
+
+
+def findings(tmp_path: Path, source: str) -> list[tuple[int, str]]:
+    path = tmp_path / "loss.py"
+    path.write_text(textwrap.dedent(source))
+    return [(f.line, f.code) for f in lint_paths([path], jobs=1).findings]
+
+
+CLASS_REGISTRY = """
+import abc
+from dataclasses import dataclass
+
+import torch
+
+
+class KLEstimator(abc.ABC):
+    name: str = "base"
+
+    @abc.abstractmethod
+    def kl(self, logp, ref):
+        ...
+
+
+class K1(KLEstimator):
+    name = "k1"
+
+    def kl(self, logp, ref):
+        return logp - ref
+
+
+class K2(KLEstimator):
+    name = "k2"
+
+    def kl(self, logp, ref):
+        return 0.5 * (logp - ref) ** 2
+
+
+ESTIMATORS = {{cls.name: cls for cls in (K1, K2)}}
+
+
+@dataclass
+class Config:
+    beta: float = 0.04
+    kl_type: str = "{default}"
+
+
+class Trainer:
+    def __init__(self, model, args=None):
+        self.model = model
+        self.args = args or Config()
+        self.kl_estimator = ESTIMATORS[self.args.kl_type]()
+
+    def loss(self, logps, ref_logps, advantages, mask):
+        per_token = -advantages[:, None] * logps
+        per_token_kl = self.kl_estimator.kl(logps, ref_logps)
+        per_token = per_token + self.args.beta * per_token_kl
+        return (per_token * mask).sum(-1).mean()
+
+    def step(self, batch):
+        loss = self.loss(self.model.log_probs(batch["ids"]), batch["ref_logps"], batch["adv"], batch["mask"])
+        loss.backward()
+"""
+
+
+def test_a_class_picked_from_a_registry_keyed_by_class_constants(tmp_path: Path) -> None:
+    # ``{cls.name: cls for cls in (K1, K2)}``: the default "k1" picks K1.
+    assert findings(tmp_path, CLASS_REGISTRY.format(default="k1")) == [(47, "KL001")]
+
+
+def test_the_registry_default_that_picks_k2_gives_the_token_level_finding(
+    tmp_path: Path,
+) -> None:
+    # A per-token k2 summed over tokens: the token-level part only (KL003),
+    # not the k1's zero gradient.
+    assert findings(tmp_path, CLASS_REGISTRY.format(default="k2")) == [(47, "KL003")]
+
+
+SHADOWED_ALIAS = """
+import torch
+
+
+def kl_penalty(logprob, ref_logprob, kl_penalty="kl"):
+    if kl_penalty == "kl":
+        return logprob - ref_logprob
+    if kl_penalty == "low_var_kl":
+        kl = ref_logprob - logprob
+        return torch.exp(kl) - kl - 1
+    raise NotImplementedError(kl_penalty)
+
+
+def apply_kl_penalty(data, kl_coef, kl_penalty="kl"):
+    with torch.no_grad():
+        kld = kl_penalty_fn(data["old_log_probs"], data["ref_log_prob"], kl_penalty=kl_penalty)
+    data["token_level_rewards"] = data["token_level_scores"] - kl_coef * kld * data["mask"]
+    return data
+
+
+kl_penalty_fn = kl_penalty
+
+
+class Trainer:
+    def fit(self, batch, kl_coef=0.001):
+        batch = apply_kl_penalty(batch, kl_coef, kl_penalty="{estimator}")
+        returns = batch["token_level_rewards"].flip(-1).cumsum(-1).flip(-1)
+        batch["advantages"] = returns * batch["mask"]
+        return batch
+"""
+
+
+def test_an_alias_is_read_in_its_module_not_where_a_parameter_shadows_it(
+    tmp_path: Path,
+) -> None:
+    # ``kl_penalty_fn = kl_penalty`` is the function, although the caller's
+    # parameter is also called ``kl_penalty``: the literal picks k3 (KL004).
+    assert findings(tmp_path, SHADOWED_ALIAS.format(estimator="low_var_kl")) == [(26, "KL004")]
+
+
+def test_the_aliased_helper_with_a_k1_reward_says_nothing(tmp_path: Path) -> None:
+    assert findings(tmp_path, SHADOWED_ALIAS.format(estimator="kl")) == []
+
+
+TEACHER_NLL = """
+import torch
+import torch.nn.functional as F
+
+
+def token_nll(logits, ids):
+    bsz, seqlen, vocab = logits.shape
+    nll = F.cross_entropy(logits.reshape(-1, vocab).float(), ids.reshape(-1), reduction="none")
+    return nll.view(bsz, seqlen)
+
+
+class Distiller:
+    def __init__(self, model, {other}_model):
+        self.model = model
+        self.{other}_model = {other}_model
+
+    def kl_loss(self, batch):
+        ids = batch["completion_ids"]
+        logits = self.model(batch["input_ids"]).logits
+        with torch.no_grad():
+            {other}_logits = self.{other}_model(batch["input_ids"]).logits
+        student_nll = token_nll(logits, ids)
+        with torch.no_grad():
+            other_nll = token_nll({other}_logits, ids)
+        per_token = {difference}
+        return (per_token * batch["mask"]).sum(-1).mean()
+
+    def step(self, batch):
+        self.kl_loss(batch).backward()
+"""
+
+
+def test_the_k1_of_a_reference_written_with_nlls_is_reported(tmp_path: Path) -> None:
+    # ``ref_nll - student_nll`` is ``logp - ref_lp``: the k1, minimised.
+    source = TEACHER_NLL.format(other="ref", difference="other_nll - student_nll")
+    assert findings(tmp_path, source) == [(25, "KL001")]
+
+
+def test_the_nll_difference_against_a_teacher_is_its_likelihood(tmp_path: Path) -> None:
+    # The teacher's logits, handed to the helper's ``logits``, are still the
+    # teacher's: ``teacher_lp - student_lp`` minimised, sequence-level
+    # distillation on the teacher's samples.
+    source = TEACHER_NLL.format(other="teacher", difference="student_nll - other_nll")
+    assert findings(tmp_path, source) == []
+
+
+SOFT_TARGETS = """
+import torch
+import torch.nn.functional as F
+
+
+def distill_loss(logits, ref_logits, ids, mask):
+    logps = torch.gather(logits.log_softmax(-1), -1, ids.unsqueeze(-1)).squeeze(-1)
+    probs = logits.softmax(-1)
+    ce = F.cross_entropy(ref_logits.transpose(1, 2), {target}, reduction="none")
+    return ((ce + logps) * mask).sum(-1).mean()
+
+
+def step(model, ref_model, batch):
+    logits = model(batch["ids"]).logits
+    with torch.no_grad():
+        ref_logits = ref_model(batch["ids"]).logits
+    distill_loss(logits, ref_logits, batch["ids"], batch["mask"]).backward()
+"""
+
+
+def test_a_cross_entropy_of_the_sampled_tokens_minus_the_policys_is_a_k1(
+    tmp_path: Path,
+) -> None:
+    # ``-log q(y) + log p(y)``: the sampled token's k1, minimised.
+    assert findings(tmp_path, SOFT_TARGETS.format(target="ids")) == [(10, "KL001")]
+
+
+def test_a_cross_entropy_against_probabilities_is_not_a_sampled_token_nll(
+    tmp_path: Path,
+) -> None:
+    # With probabilities as the target it is ``-sum_v p_v log q_v`` over the
+    # vocabulary, not ``-log q(y)``: no k1 is claimed.
+    assert findings(tmp_path, SOFT_TARGETS.format(target="probs.transpose(1, 2)")) == []
+
+
+SUFFIX_SUM = """
+import torch
+
+
+def kl_loss(logps, ref_logps, mask, beta=0.04):
+    with torch.no_grad():
+        log_ratio = (logps - ref_logps) * mask
+        running = log_ratio.cumsum(dim=1)
+        kl_to_go = {to_go}
+    per_token_kl = kl_to_go * logps
+    return beta * (per_token_kl * mask).sum(dim=1).mean()
+
+
+def step(model, batch):
+    logps = model.log_probs(batch["ids"])
+    kl_loss(logps, batch["ref_logps"], batch["mask"]).backward()
+"""
+
+
+def test_a_running_sum_that_stops_at_each_token_is_a_prefix_weight(tmp_path: Path) -> None:
+    # ``running`` alone weighs each token by the KL before it, not after.
+    assert findings(tmp_path, SUFFIX_SUM.format(to_go="running")) == [(10, "KL003")]
+
+
+def test_the_total_minus_the_running_sum_is_the_kl_still_to_come(tmp_path: Path) -> None:
+    # ``running[:, -1:]`` is each sequence's total: ``total - running + x``
+    # is the reward-to-go, the sequence KL's score function.
+    to_go = "running[:, -1:] - running + log_ratio"
+    assert findings(tmp_path, SUFFIX_SUM.format(to_go=to_go)) == []
