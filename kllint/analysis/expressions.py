@@ -22,7 +22,7 @@ from kllint.analysis.module import (
     dotted_name,
     unparsed,
 )
-from kllint.analysis.project import dotted_module_name
+from kllint.analysis.project import Project, dotted_module_name
 from kllint.analysis.syntax import (
     children,
     code,
@@ -632,7 +632,7 @@ class Expressions(Frame):
                 )
         star = self.star_imported(name) if self.module.star_imports else None
         if star is not None:
-            return self.imported(name, star)
+            return star
         return Unknown(name, (name,))
 
     def read_property(self, method: FuncRef, expr: cst.BaseExpression) -> Value:
@@ -686,15 +686,20 @@ class Expressions(Frame):
             return self.imported_dispatch(*table)
         return Unknown(name, (name,), module=imported.dotted)
 
-    def star_imported(self, name: str) -> ImportedName | None:
-        """``per_token_kl`` taken by ``from .kl import *``: an import of that
-        name from the module that defines it."""
+    def star_imported(self, name: str) -> Value | None:
+        """``per_token_kl`` taken by ``from .kl import *``: the name of the
+        module that defines it, also through a package that re-exports it
+        with a star import of its own (``from ..utils import *`` where
+        ``utils/__init__.py`` has ``from .kl import *``)."""
         for star in self.module.star_imports:
             source = self.context.project.resolve_module(star.module, self.module.path, star.level)
-            if source is not None and (
-                name in source.functions or name in source.classes or name in source.constants
-            ):
-                return ImportedName(star.module, name, star.level)
+            if source is None or source is self.module:
+                continue
+            if name in source.functions or name in source.classes or name in source.constants:
+                return self.imported(name, ImportedName(star.module, name, star.level))
+            found = _star_source(self.context.project, source, name, depth=2)
+            if found is not None and name in found.functions:
+                return FuncRef(unparsed(found.functions, name), found)
         return None
 
     def function_list(self, constant: cst.Tuple | cst.List) -> bool:
@@ -1864,6 +1869,21 @@ def _running_sum(value: Value) -> ir.CumSum | None:
         value = value.arg
     if isinstance(value, ir.CumSum) and not value.reverse and value.discount is None:
         return value
+    return None
+
+
+def _star_source(project: Project, module: ModuleInfo, name: str, depth: int) -> ModuleInfo | None:
+    """The module that defines ``name`` for ``module``'s star imports."""
+    for star in module.star_imports:
+        source = project.resolve_module(star.module, module.path, star.level)
+        if source is None or source is module:
+            continue
+        if name in source.functions or name in source.classes or name in source.constants:
+            return source
+        if depth > 1 and source.star_imports:
+            found = _star_source(project, source, name, depth - 1)
+            if found is not None:
+                return found
     return None
 
 
