@@ -157,6 +157,7 @@ class Project:
         self.roots = [Path(r) for r in roots]
         self._modules: dict[Path, ModuleInfo | None] = {}
         self._resolved: dict[tuple[str, Path, int], ModuleInfo | None] = {}
+        self._package_dirs: dict[Path, Path | None] = {}
         self._files: dict[tuple[str, Path, int], Path | None] = {}
         self._sketches: dict[Path, Sketch] = {}
         # Texts of files sketched and not yet parsed.
@@ -462,7 +463,7 @@ class Project:
     def backprop_callers(self, importer: Path, name: str) -> list[callers.Caller]:
         """Calls of a function named ``name``, anywhere in the project that
         contains ``importer``, whose result reaches a backward pass."""
-        top = _top_package_dir(importer)
+        top = self.package_dir(importer)
         root = top or importer.resolve().parent
         if root not in self.scans.backprop:
             # A script outside a package is imported by the scripts beside
@@ -498,6 +499,22 @@ class Project:
 
     # ------------------------------------------------------------ defaults
 
+    def package_dir(self, importer: Path) -> Path | None:
+        """The top directory of the package ``importer`` belongs to; also
+        through a directory without an ``__init__.py`` (a namespace
+        subpackage, ``backends/loss.py``) when the file imports from the
+        package above it (``from ..utils.ppo_utils import ...``)."""
+        if importer in self._package_dirs:
+            return self._package_dirs[importer]
+        top = _top_package_dir(importer)
+        above = importer.resolve().parent.parent
+        if top is None and (above / "__init__.py").is_file():
+            text = self._text(str(importer))
+            if text is not None and _IMPORT_FROM_ABOVE.search(text) is not None:
+                top = _top_package_dir(above / "__init__.py")
+        self._package_dirs[importer] = top
+        return top
+
     def config_defaults(self, importer: Path, key: str) -> list[Default]:
         """Every default given to a setting named ``key`` in the package that
         contains ``importer``: argparse options, class-body field defaults
@@ -506,7 +523,7 @@ class Project:
             top = package_base(importer)
             # A script outside a package only sees its own defaults: its
             # siblings are other programs.
-            root = _top_package_dir(importer) or importer.resolve()
+            root = self.package_dir(importer) or importer.resolve()
             if root not in self.scans.defaults:
                 self.scans.defaults[root] = self._scan_defaults(root, top)
             self.scans.defaults_of[importer] = self.scans.defaults[root]
@@ -520,7 +537,7 @@ class Project:
         """Whether any file of the package that contains ``importer`` builds
         ``class_name`` passing ``parameter`` by keyword
         (``PolicyLoss(kl_estimator=args.kl_estimator)``)."""
-        root = _top_package_dir(importer) or importer.resolve()
+        root = self.package_dir(importer) or importer.resolve()
         calls = self.scans.constructions.get(root)
         if calls is None:
             calls = self.scans.constructions[root] = self._scan_constructions(root)
@@ -931,6 +948,10 @@ def package_base(path: Path) -> Path:
     """The directory a top-level import of ``path``'s package is relative to."""
     top = _top_package_dir(path)
     return top.parent if top is not None else path.resolve().parent
+
+
+# ``from ..utils import x``: an import from the package above the file's directory.
+_IMPORT_FROM_ABOVE = re.compile(r"^\s*from \.\.", re.M)
 
 
 def _top_package_dir(path: Path) -> Path | None:
