@@ -241,3 +241,181 @@ def test_the_total_minus_the_running_sum_is_the_kl_still_to_come(tmp_path: Path)
     # is the reward-to-go, the sequence KL's score function.
     to_go = "running[:, -1:] - running + log_ratio"
     assert findings(tmp_path, SUFFIX_SUM.format(to_go=to_go)) == []
+
+
+CLI_OPTION = """
+import torch
+import typer
+
+
+@torch.no_grad()
+def token_rewards(logprobs, ref_logprobs, scores, mask, kl_coef, kl_estimator):
+    log_ratio = logprobs - ref_logprobs
+    if kl_estimator == "k1":
+        kl = log_ratio
+    else:
+        kl = torch.exp(-log_ratio) + log_ratio - 1
+    rewards = -kl_coef * kl * mask
+    rewards[:, -1] += scores
+    return rewards
+
+
+def train(model, batch, kl_coef: float = typer.Option(0.02), kl_estimator: str = typer.Option("{default}")):
+    logprobs = model.log_probs(batch["input_ids"])
+    rewards = token_rewards(logprobs.detach(), batch["ref_logprobs"], batch["scores"], batch["mask"], kl_coef, kl_estimator)
+    returns = rewards.flip(-1).cumsum(-1).flip(-1)
+    loss = -(returns * logprobs * batch["mask"]).sum(-1).mean()
+    loss.backward()
+"""
+
+
+def test_a_typer_option_default_that_picks_k3_gives_the_k3_reward(tmp_path: Path) -> None:
+    assert findings(tmp_path, CLI_OPTION.format(default="k3")) == [(12, "KL004")]
+
+
+def test_a_typer_option_default_that_picks_k1_says_nothing(tmp_path: Path) -> None:
+    assert findings(tmp_path, CLI_OPTION.format(default="k1")) == []
+
+
+def write_package(root: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text))
+    return root
+
+
+def package_findings(root: Path) -> list[tuple[str, int, str]]:
+    return [(Path(f.path).name, f.line, f.code) for f in lint_paths([root], jobs=1).findings]
+
+
+KL_UTILS = """
+import torch
+
+__all__ = ["log_ratio", "approx_kl"]
+
+
+def log_ratio(logps, ref_logps):
+    return logps - ref_logps
+
+
+def approx_kl(logps, ref_logps):
+    delta = ref_logps - logps
+    return torch.exp(delta) - delta - 1
+"""
+
+STAR_TRAINER = """
+import torch
+
+from ..utils import *  # noqa: F403
+
+
+class GRPOTrainer:
+    def __init__(self, beta=0.04):
+        self.beta = beta
+
+    def compute_loss(self, logps, inputs):
+        mask = inputs["completion_mask"]
+        per_token_loss = -inputs["advantages"][:, None] * logps
+        per_token_kl = {estimate}
+        per_token_loss = per_token_loss + self.beta * per_token_kl
+        return (per_token_loss * mask).sum(-1).mean()
+
+    def training_step(self, model, inputs):
+        self.compute_loss(model.log_probs(inputs["ids"]), inputs).backward()
+"""
+
+
+def test_a_helper_re_exported_by_two_star_imports_is_followed(tmp_path: Path) -> None:
+    # ``from ..utils import *``, where ``utils/__init__.py`` has ``from .kl
+    # import *``: ``approx_kl`` is the k3 of ``utils/kl.py``.
+    root = write_package(
+        tmp_path / "grpo",
+        {
+            "__init__.py": "",
+            "utils/__init__.py": "from .kl import *  # noqa: F403\n",
+            "utils/kl.py": KL_UTILS,
+            "trainer/__init__.py": "",
+            "trainer/grpo.py": STAR_TRAINER.format(
+                estimate='approx_kl(logps, inputs["ref_logps"])'
+            ),
+        },
+    )
+    assert package_findings(root) == [("grpo.py", 14, "KL002")]
+
+
+def test_a_re_exported_helper_used_as_a_reward_to_go_says_nothing(tmp_path: Path) -> None:
+    estimate = 'log_ratio(logps, inputs["ref_logps"]).detach().flip(-1).cumsum(-1).flip(-1) * logps'
+    root = write_package(
+        tmp_path / "grpo",
+        {
+            "__init__.py": "",
+            "utils/__init__.py": "from .kl import *  # noqa: F403\n",
+            "utils/kl.py": KL_UTILS,
+            "trainer/__init__.py": "",
+            "trainer/grpo.py": STAR_TRAINER.format(estimate=estimate),
+        },
+    )
+    assert package_findings(root) == []
+
+
+NAMESPACE_DEFAULTS = """
+from argparse import Namespace
+
+
+def default_args():
+    return Namespace(kl_loss_coef=0.02, kl_loss_type="{default}")
+"""
+
+PPO_UTILS = """
+import torch
+
+
+def compute_approx_kl(log_probs, ref_log_probs, kl_loss_type):
+    log_ratio = log_probs - ref_log_probs
+    if kl_loss_type == "k2":
+        return 0.5 * log_ratio**2
+    if kl_loss_type == "seq_k2":
+        return 0.5 * log_ratio.sum(-1, keepdim=True) ** 2 / log_ratio.shape[-1]
+    raise ValueError(kl_loss_type)
+"""
+
+BACKEND_LOSS = """
+from ..utils.ppo_utils import compute_approx_kl as compute_kl
+
+
+def policy_loss_function(args, batch, log_probs):
+    mask = batch["loss_masks"]
+    loss = -(batch["advantages"][:, None] * log_probs * mask).sum(-1).mean()
+    kl = compute_kl(log_probs, batch["ref_log_probs"], kl_loss_type=args.kl_loss_type)
+    loss = loss + args.kl_loss_coef * (kl * mask).sum(-1).mean()
+    loss.backward()
+"""
+
+
+def namespace_package(root: Path, default: str) -> Path:
+    # ``backends/`` has no ``__init__.py``: a namespace directory of the
+    # package, whose module imports from the package above it.
+    return write_package(
+        root,
+        {
+            "__init__.py": NAMESPACE_DEFAULTS.format(default=default),
+            "utils/__init__.py": "",
+            "utils/ppo_utils.py": PPO_UTILS,
+            "backends/loss.py": BACKEND_LOSS,
+        },
+    )
+
+
+def test_settings_of_the_package_reach_a_module_of_a_namespace_directory(
+    tmp_path: Path,
+) -> None:
+    # The package's ``Namespace(kl_loss_type="k2")`` is the default the
+    # loss in ``backends/`` reads: the per-token k2, summed (KL003).
+    root = namespace_package(tmp_path / "slime_like", "k2")
+    assert package_findings(root) == [("loss.py", 8, "KL003")]
+
+
+def test_the_package_default_of_the_sequence_k2_says_nothing(tmp_path: Path) -> None:
+    root = namespace_package(tmp_path / "slime_like", "seq_k2")
+    assert package_findings(root) == []

@@ -153,6 +153,12 @@ class Interpreter(Calls):
                     else:
                         value = self.resolve(replace(value, names=(*value.names, name)), name)
                 self.env[name] = value
+            elif (
+                param.default is not None
+                and (option := selectors.cli_option_default(param.default)) is not None
+            ):
+                # ``kl_estimator: str = typer.Option("k1")``: the option's default.
+                self.env[name] = self.eval(option)
             elif param.default is not None and (
                 bound is not None or selectors.is_selector_literal(param.default)
             ):

@@ -74,6 +74,23 @@ def is_selector_literal(expr: cst.BaseExpression) -> bool:
     )
 
 
+def cli_option_default(expr: cst.BaseExpression) -> cst.BaseExpression | None:
+    """``kl_estimator: str = typer.Option("k1", help=...)``: the literal a
+    command-line option takes by default (typer's ``Option``/``Argument``,
+    given first or as ``default=``), else None."""
+    if not (
+        isinstance(expr, cst.Call)
+        and (dotted_name(expr.func) or "").rsplit(".", 1)[-1] in ("Option", "Argument")
+    ):
+        return None
+    given = [a.value for a in expr.args if a.keyword is None and not a.star][:1] or [
+        a.value for a in expr.args if a.keyword is not None and a.keyword.value == "default"
+    ]
+    if given and isinstance(given[0], (cst.SimpleString, cst.Integer, cst.Float, cst.Name)):
+        return given[0]
+    return None
+
+
 def selects_estimator(
     subject: cst.CSTNode, compared: cst.CSTNode, text: str, *, in_helper: bool
 ) -> bool:
