@@ -438,6 +438,17 @@ class Expressions(Frame):
             expr, [{key_name: Py(key), value_name: item} for key, item in held.items.items()]
         )
 
+    def held_rows(self, iterable: cst.BaseExpression) -> list[Value]:
+        """What a comprehension runs over, when kllint holds it: the values of
+        a dict (``terms.values()``) or the items of a list written out."""
+        values = _values_call(iterable)
+        held = self.eval(iterable.func.value if values else iterable)  # type: ignore[attr-defined]
+        if values and isinstance(held, DictVal):
+            return list(held.items.values())
+        if not values and isinstance(held, Seq) and not held.appended:
+            return held.items
+        return []
+
     def each_tuple(self, expr: cst.ListComp | cst.GeneratorExp) -> Seq | None:
         """``coef * value for coef, value in terms.values()`` over the
         (weight, loss) pairs a dict (or a list) kllint holds: one element
@@ -449,22 +460,9 @@ class Expressions(Frame):
         names = [e.value.value for e in target.elements if isinstance(e.value, cst.Name)]
         if len(names) != len(target.elements):
             return None
-        values = (
-            isinstance(iterable, cst.Call)
-            and isinstance(iterable.func, cst.Attribute)
-            and iterable.func.attr.value == "values"
-            and not iterable.args
-        )
-        if not values and not isinstance(iterable, (cst.Name, cst.Attribute)):
+        if not (_values_call(iterable) or isinstance(iterable, (cst.Name, cst.Attribute))):
             return None
-        held = self.eval(iterable.func.value if values else iterable)  # type: ignore[attr-defined]
-        rows = (
-            list(held.items.values())
-            if values and isinstance(held, DictVal)
-            else held.items
-            if not values and isinstance(held, Seq) and not held.appended
-            else []
-        )
+        rows = self.held_rows(iterable)
         pairs = [row for row in rows if isinstance(row, Seq) and len(row.items) == len(names)]
         if not pairs or len(pairs) != len(rows):
             return None
@@ -488,21 +486,7 @@ class Expressions(Frame):
     def each_module(self, expr: cst.ListComp | cst.GeneratorExp, bound: str) -> Seq | None:
         """``loss(batch) for loss in self.losses.values()`` (or over an
         ``nn.ModuleList``): one element per loss object the container holds."""
-        iterable = expr.for_in.iter
-        values = (
-            isinstance(iterable, cst.Call)
-            and isinstance(iterable.func, cst.Attribute)
-            and iterable.func.attr.value == "values"
-            and not iterable.args
-        )
-        held = self.eval(iterable.func.value if values else iterable)  # type: ignore[attr-defined]
-        modules = (
-            list(held.items.values())
-            if values and isinstance(held, DictVal)
-            else held.items
-            if not values and isinstance(held, Seq) and not held.appended
-            else []
-        )
+        modules = self.held_rows(expr.for_in.iter)
         if not modules or not all(isinstance(m, (Instance, FuncRef)) for m in modules):
             return None
         return self.element_per(expr, [{bound: module} for module in modules])
@@ -1870,6 +1854,16 @@ def _running_sum(value: Value) -> ir.CumSum | None:
     if isinstance(value, ir.CumSum) and not value.reverse and value.discount is None:
         return value
     return None
+
+
+def _values_call(iterable: cst.BaseExpression) -> bool:
+    """``terms.values()``."""
+    return (
+        isinstance(iterable, cst.Call)
+        and isinstance(iterable.func, cst.Attribute)
+        and iterable.func.attr.value == "values"
+        and not iterable.args
+    )
 
 
 def _star_source(project: Project, module: ModuleInfo, name: str, depth: int) -> ModuleInfo | None:
