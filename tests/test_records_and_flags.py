@@ -240,3 +240,31 @@ def test_the_importance_weight_a_flag_turns_on_by_default_decides_the_finding(
 
 def test_without_the_importance_weight_by_default_the_k3_is_reported(tmp_path: Path) -> None:
     assert findings(tmp_path, IMPORTANCE_FLAG.format(use_is=False)) == [(17, "KL002")]
+
+
+AS_TENSOR = """
+import torch
+
+
+def kl_loss(log_probs, ref_log_probs, mask, coef=0.05):
+    log_probs = torch.as_tensor(log_probs, device="cpu")
+    ref = torch.as_tensor(ref_log_probs, dtype=log_probs.dtype)
+    {kl_line}
+    return coef * kl.mean()
+
+
+def step(model, batch):
+    kl_loss(model.log_probs(batch["ids"]), batch["ref_log_probs"], batch["mask"]).backward()
+"""
+
+
+def test_a_k3_through_as_tensor_keeps_its_gradient(tmp_path: Path) -> None:
+    # ``torch.as_tensor`` of a tensor is that tensor, graph and all: the k3
+    # is differentiated (KL002), not a constant (KL005).
+    kl_line = "kl = ((torch.exp(ref - log_probs) - (ref - log_probs) - 1) * mask).sum(-1)"
+    assert findings(tmp_path, AS_TENSOR.format(kl_line=kl_line)) == [(8, "KL002")]
+
+
+def test_a_sequence_k2_through_as_tensor_says_nothing(tmp_path: Path) -> None:
+    kl_line = "kl = 0.5 * ((log_probs - ref) * mask).sum(-1) ** 2"
+    assert findings(tmp_path, AS_TENSOR.format(kl_line=kl_line)) == []

@@ -1363,7 +1363,8 @@ def _constant(value: float) -> FunctionLowering:
     return lambda at, args, kwargs: ir.Const(value, origin=at.origin)
 
 
-# ``torch.tensor(floats)``, ``torch.from_numpy(array)``: tensors made from data, with no graph.
+# ``torch.tensor(floats)``, ``torch.from_numpy(array)``: tensors made from data, with no
+# graph (``torch.as_tensor`` of a tensor is that tensor: see ``_as_tensor``).
 NEW_TENSORS = frozenset({"tensor", "as_tensor", "scalar_tensor", "from_numpy"})
 
 
@@ -1392,6 +1393,15 @@ def _tensor(at: TorchCall, args: Args, kwargs: Kwargs) -> Value | None:
         # tensor, still named by what it holds, without a graph.
         return replace(data, text=at.code, detached=True)
     return Unknown("torch.tensor(...)", ("tensor",), call=True, detached=True)
+
+
+def _as_tensor(at: TorchCall, args: Args, kwargs: Kwargs) -> Value | None:
+    """``torch.as_tensor(x)``: ``x`` itself when it is already a tensor, with
+    its graph (only its dtype or device may change); a copy of other data,
+    as ``torch.tensor`` makes."""
+    if args and isinstance(args[0], (ir.Node, Choice)) and not isinstance(args[0], ir.Const):
+        return args[0]
+    return _tensor(at, args, kwargs)
 
 
 def _einsum(at: TorchCall, args: Args, kwargs: Kwargs) -> Value | None:
@@ -1506,6 +1516,7 @@ TORCH_FUNCTIONS: dict[str, FunctionLowering] = {
     "full_like": _full_like,
     "ones_like": _constant(1.0),
     **dict.fromkeys(NEW_TENSORS, _tensor),
+    "as_tensor": _as_tensor,
     # ``nn.ModuleDict({"policy": ..., "kl": ...})``, ``nn.ModuleList([...])``:
     # the modules, held as the dict or list they are built from.
     "ModuleDict": lambda at, args, kwargs: args[0] if args else DictVal({}),
