@@ -264,11 +264,8 @@ class Calls(Expressions):
         if name == "dict" and len(args) == 1 and kwargs and _names_a_value(args[0].value):
             # ``dict(data, kl=torch.cat(kl_chunks))``: a copy of a batch with
             # entries added, read back as ``mb["kl"]``; as ``{**data, "kl": ...}``.
-            copied = self.eval(args[0].value)
-            entries = copied.items if isinstance(copied, DictVal) else {}
-            if isinstance(copied, Unknown):
-                entries = self.context.entries(copied)
-            return DictVal({**entries, **self.written_record(call, ()).items})
+            copied = self.entries_of(self.eval(args[0].value))
+            return DictVal({**copied, **self.written_record(call, ()).items})
         held = self.mapping_built(name, args)
         if held is not None:
             return held

@@ -128,11 +128,8 @@ class Expressions(Frame):
                 return summed
         if isinstance(expr.operator, cst.BitOr) and isinstance(right, DictVal):
             # ``rollout | {"kl": ...}``: a copy of the record with entries
-            # added, read back by key as ``{**rollout, "kl": ...}`` is.
-            entries = left.items if isinstance(left, DictVal) else {}
-            if isinstance(left, Unknown):
-                entries = self.context.entries(left)
-            return DictVal({**entries, **right.items})
+            # added, read back by key as ``dict(rollout, kl=...)`` is.
+            return DictVal({**self.entries_of(left), **right.items})
         if op is None:
             return Unknown(code(expr), ("binop",))
         if isinstance(left, Unknown) and op == "sub" and _normaliser_of(expr.right, expr.left):
@@ -206,6 +203,13 @@ class Expressions(Frame):
                 return self.eval(expr.right)
         truth = self.truth(expr)
         return Py(truth) if truth is not None else Unknown(code(expr), ("condition",))
+
+    def entries_of(self, record: Value) -> dict[str, Value]:
+        """The entries kllint knows of a record: a dict it holds, or what was
+        written by key into a container it does not hold."""
+        if isinstance(record, DictVal):
+            return record.items
+        return self.context.entries(record) if isinstance(record, Unknown) else {}
 
     def eval_await(self, expr: cst.Await) -> Value:
         return self.eval(expr.expression)
@@ -560,6 +564,10 @@ class Expressions(Frame):
             # ``f"{__name__}.LowVarKL"``: a dotted path to this module's class,
             # loaded at run time (``importlib.import_module``).
             return Py(dotted_module_name(self.module.path), MODULE_NAME)
+        return self.module_scope(name)
+
+    def module_scope(self, name: str) -> Value:
+        """What ``name`` is in the module, whatever a function's locals call so."""
         if name in self.module.functions and not (
             name in self.module.imports and self.module.imported_over_definition(name)
         ):
@@ -593,12 +601,7 @@ class Expressions(Frame):
                 # ``compute_kl = kl_penalty``: an old name kept for a renamed
                 # function, read in the module (a parameter named ``kl_penalty``
                 # in the function calling ``compute_kl`` does not shadow it).
-                target = constant.value
-                if target in self.module.functions and not (
-                    target in self.module.imports and self.module.imported_over_definition(target)
-                ):
-                    return FuncRef(unparsed(self.module.functions, target), self.module)
-                return self.imported(target, self.module.imports[target])
+                return self.module_scope(constant.value)
             if isinstance(constant, (cst.Tuple, cst.List)) and self.function_list(constant):
                 # ``KL_ABLATIONS = [("k1", lambda lp, ref, m: lp - ref), ...]``:
                 # a dispatch table indexed by position.
@@ -1527,16 +1530,14 @@ class Expressions(Frame):
         key_value: Value | None = None
         index = expr.slice[0].slice if len(expr.slice) == 1 else None
         running = _running_sum(base)
-        if running is not None and _last_column(expr):
-            # ``running[:, -1:]`` of ``log_ratio.cumsum(dim=1)``: the running
-            # sum at the last token, each sequence's total (``running[:, -1:]
-            # - running + x`` is then the KL still to come).
-            total = ir.Reduce("sum", ir.Axis.TIME, running.arg, origin=self.origin(expr))
-            return total if running is base else ir.detach(total)
-        if running is not None and isinstance(index, cst.Index) and _segment_ends(index.value):
-            # ``csum[last_idx]`` over packed tokens: the running sum at each
-            # sequence's last token, its total (``csum[last_idx][seg_ids]``
-            # spreads it back over the sequence's tokens).
+        if running is not None and (
+            _last_column(expr) or (isinstance(index, cst.Index) and _segment_ends(index.value))
+        ):
+            # ``running[:, -1:]`` of ``log_ratio.cumsum(dim=1)``, ``csum[last_idx]``
+            # over packed tokens: the running sum at each sequence's last
+            # token, its total (``running[:, -1:] - running + x`` is then the
+            # KL still to come; ``csum[last_idx][seg_ids]`` spreads it back
+            # over the sequence's tokens).
             total = ir.Reduce("sum", ir.Axis.TIME, running.arg, origin=self.origin(expr))
             return total if running is base else ir.detach(total)
         if len(expr.slice) > 1:
@@ -1886,12 +1887,7 @@ def _last_column(expr: cst.Subscript) -> bool:
     the last axis, every row kept."""
     *rows, last = expr.slice
     if not rows or not all(
-        (
-            isinstance(r.slice, cst.Slice)
-            and r.slice.lower is None
-            and r.slice.upper is None
-            and r.slice.step is None
-        )
+        _whole_axis(r)
         or (isinstance(r.slice, cst.Index) and isinstance(r.slice.value, cst.Ellipsis))
         for r in rows
     ):
@@ -2545,19 +2541,26 @@ def _loops(loop: cst.CompFor | None) -> Iterator[cst.CompFor]:
 def _reversed_along_time(expr: cst.Subscript) -> bool:
     """``x[::-1]``, ``x[:, ::-1]``: the last axis read backwards, the others whole."""
     *others, last = expr.slice
+    piece = last.slice
+    step = piece.step if isinstance(piece, cst.Slice) else None
+    backwards = (
+        isinstance(piece, cst.Slice)
+        and piece.lower is None
+        and piece.upper is None
+        and isinstance(step, cst.UnaryOperation)
+        and isinstance(step.operator, cst.Minus)
+        and isinstance(step.expression, cst.Integer)
+        and step.expression.value == "1"
+    )
+    return backwards and all(map(_whole_axis, others))
 
-    def whole(element: cst.SubscriptElement, step: str | None) -> bool:
-        piece = element.slice
-        if not isinstance(piece, cst.Slice) or piece.lower is not None or piece.upper is not None:
-            return False
-        if step is None:
-            return piece.step is None
-        given = piece.step
-        return (
-            isinstance(given, cst.UnaryOperation)
-            and isinstance(given.operator, cst.Minus)
-            and isinstance(given.expression, cst.Integer)
-            and given.expression.value == step
-        )
 
-    return whole(last, "1") and all(whole(e, None) for e in others)
+def _whole_axis(element: cst.SubscriptElement) -> bool:
+    """``:``, every position of an axis."""
+    piece = element.slice
+    return (
+        isinstance(piece, cst.Slice)
+        and piece.lower is None
+        and piece.upper is None
+        and piece.step is None
+    )

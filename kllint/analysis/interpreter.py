@@ -2438,23 +2438,10 @@ def _may_be_a_generator(call: cst.Call) -> bool:
 
 # Calls a loop iterates whose items are not a generator's: counters, pairs,
 # pieces of a tensor, a dict's entries.
-_NOT_GENERATORS = frozenset(
-    {
-        "range",
-        "zip",
-        "enumerate",
-        "reversed",
-        "sorted",
-        "items",
-        "keys",
-        "values",
-        "split",
-        "chunk",
-        "unbind",
-        "tensor_split",
-        "len",
-        "DataLoader",
-    }
+_NOT_GENERATORS = (
+    frozenset({"range", "zip", "enumerate", "reversed", "sorted", "items", "keys", "values"})
+    | frozenset({"len", "DataLoader"})
+    | lowering.SPLITS
 )
 
 
