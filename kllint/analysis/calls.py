@@ -1632,6 +1632,28 @@ class Calls(Expressions):
         names = _names_of(expr)
         return bool(names) and all(n in self.sequence_rows for n in names)  # type: ignore[union-attr]
 
+    def one_row(self, expr: cst.BaseExpression) -> bool:
+        """``logps[i, :n]`` with ``i`` a loop's counter (``enumerate``,
+        ``range``) or a number: one sample's row, cut along time."""
+        if not isinstance(expr, cst.Subscript) or len(expr.slice) != 2:
+            return False
+        row, columns = (element.slice for element in expr.slice)
+        if not isinstance(row, cst.Index) or not isinstance(columns, cst.Slice):
+            return False
+        picked = self.eval(row.value)
+        if not (isinstance(picked, Py) and isinstance(picked.value, int)) and not (
+            isinstance(picked, Unknown) and picked.names[:1] in (("index",), ("loop",))
+        ):
+            return False
+        # Of per-token values: a row of sequence-level ones (``[G, n]`` rewards
+        # of a group) is a group's samples, not a response's tokens.
+        tensor = self.eval(expr.value)
+        return isinstance(tensor, ir.Node) and all(
+            not (isinstance(n, ir.Reduce) and n.axis is not ir.Axis.BATCH)
+            and not (isinstance(n, ir.Atom) and n.level is not ir.Level.TOKEN)
+            for n in tensor.walk()
+        )
+
     def method_op(
         self,
         name: str,
@@ -1646,11 +1668,11 @@ class Calls(Expressions):
             and not args
             and not kwargs
             and isinstance(call.func, cst.Attribute)
-            and self.of_sequence_rows(call.func.value)
+            and (self.of_sequence_rows(call.func.value) or self.one_row(call.func.value))
         ):
             # ``[x.sum() for x in log_ratio.split(response_lengths)]``, also
-            # ``(lp - ref).sum()`` of two such rows: one response's tokens,
-            # whose one axis is time.
+            # ``(lp - ref).sum()`` of two such rows, or ``logps[i, :n]``:
+            # one response's tokens, whose one axis is time.
             kwargs = {"dim": cst.Integer("1")}
         return lowering.tensor_method(
             self.torch_call(call),

@@ -247,7 +247,18 @@ class Expressions(Frame):
         )
 
     def eval_unary(self, expr: cst.UnaryOperation) -> Value:
-        operand = self.eval(expr.expression)
+        inner = expr.expression
+        if (
+            isinstance(expr.operator, cst.Minus)
+            and isinstance(inner, cst.BinaryOperation)
+            and isinstance(inner.operator, cst.FloorDivide)
+            and isinstance(inner.left, cst.UnaryOperation)
+            and isinstance(inner.left.operator, cst.Minus)
+        ):
+            # ``-(-n // size)``: Python's ceiling division, as positive as
+            # ``n // size`` (the number of micro-batches).
+            return self.eval(inner.with_changes(left=inner.left.expression))
+        operand = self.eval(inner)
         if isinstance(expr.operator, cst.Minus):
             return self.lift1(operand, lambda n: ir.neg(n, self.origin(expr)))
         if isinstance(expr.operator, cst.Plus):

@@ -1362,7 +1362,11 @@ class Interpreter(Calls):
 
     def assign_name(self, name: str, value: Value, node: cst.CSTNode) -> None:
         """``name = value``: the name is evidence of what the value is."""
+        # ``lr = lp - ref`` of two responses' rows: one response's tokens too.
+        of_rows = isinstance(node, cst.Assign) and self.of_sequence_rows(node.value)
         self.sequence_rows.discard(name)
+        if of_rows:
+            self.sequence_rows.add(name)
         self.sequence_splits.pop(name, None)
         if (
             isinstance(node, cst.Assign)

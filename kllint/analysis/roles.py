@@ -374,6 +374,10 @@ def weight_role(name: str) -> Role | None:
         return Role.COEFFICIENT
     if has_words(name, MASK_WORDS):
         return Role.MASK
+    if ws and ws[-1] == "value" and set(ws[:-1]) & (_CONTROLLER_WORDS - {"kl"}):
+        # ``self.kl_ctl_value``, ``beta_value``: an (adaptive) KL coefficient's
+        # value, not a critic's, as ``self.kl_ctl.value`` is.
+        return Role.COEFFICIENT
     if has_words(name, ADVANTAGE_WORDS) or has_words(name, REWARD_MODEL_WORDS):
         return Role.ADVANTAGE
     if has_words(name, COEFFICIENT_WORDS) or names_a_guard(name) or name.isupper():
