@@ -13,7 +13,7 @@ import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import libcst as cst
 from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
@@ -100,7 +100,7 @@ def analyse_file(
     clear_caches()
     if not verdicts:
         return FileAnalysis(module, [], found)
-    _place([v.site.origin for v in verdicts], module, source)
+    _place([w.site.origin for v in verdicts for w in (v, *v.elsewhere)], module, source)
     return FileAnalysis(
         module, sorted((_finding(v) for v in verdicts), key=Finding.sort_key), found
     )
@@ -338,6 +338,8 @@ def _verdicts(sinks: list[Sink], path: str) -> list[_Verdict]:
                 # adds nothing (a KL loss of stored log-probs, KL005).
                 cleared.update(_origin_nodes(t for t in terms if ir.depends_on_policy(t)))
                 if all(ir.depends_on_policy(t) for t in terms):
+                    if not off_the_default_implementation(branch):
+                        right_by_default.add(id(sink.node))
                     continue
             for site in _sites(sink, branch, loss, terms, path):
                 if sink.backward and sink.inlined_backward is not None:
@@ -377,7 +379,11 @@ def _verdicts(sinks: list[Sink], path: str) -> list[_Verdict]:
             all(off_the_default_implementation(b) for b in v.branches)
             and all(id(s.node) in right_by_default for s in v.sinks)
         )
-        and not (
+    ]
+    verdicts = [
+        v
+        for v in verdicts
+        if not (
             id(v.site.origin.cst_node) in right_as_set
             and all(against_defaults(b) for b in _branches_run(v))
         )
@@ -389,7 +395,31 @@ def _verdicts(sinks: list[Sink], path: str) -> list[_Verdict]:
         {key for key, right in right_in_a_caller.items() if right},
     )
     paired = _right_together(verdicts)
-    return _one_per_expression([v for v in _kept(verdicts, cleared) if id(v) not in paired])
+    return _default_first(
+        _one_per_expression([v for v in _kept(verdicts, cleared) if id(v) not in paired])
+    )
+
+
+def _default_first(verdicts: list[_Verdict]) -> list[_Verdict]:
+    """One loss, one finding: a verdict only on an implementation the flags'
+    defaults do not run (``if use_is_correction: ... else: ...``), beside a
+    verdict at the same loss on the one they run, is said in that finding's
+    notes."""
+    off_default = {id(v) for v in verdicts if all(map(off_the_default_implementation, v.branches))}
+    on_default: dict[int, _Verdict] = {}
+    for v in verdicts:
+        if id(v) not in off_default:
+            for s in v.sinks:
+                on_default.setdefault(id(s.node), v)
+    kept = []
+    for v in verdicts:
+        run = {id(on_default.get(id(s.node))): on_default.get(id(s.node)) for s in v.sinks}
+        primary = next(iter(run.values()))
+        if id(v) in off_default and len(run) == 1 and primary is not None:
+            primary.elsewhere.append(v)
+        else:
+            kept.append(v)
+    return kept
 
 
 def _branches_run(verdict: _Verdict) -> list[str]:
@@ -814,9 +844,10 @@ class _Positions:
         return line + self.shift, column + indent + 1
 
 
-def _elsewhere_note(other: dict[str, str], branch: str) -> str:
+def _elsewhere_note(other: dict[str, Any], branch: str) -> str:
     where = f"when {other['branch']}" if other["branch"] != branch else "on another branch"
-    return f"{where}: {other['code']} {other['message']}"
+    at = f" (line {other['line']})" if "line" in other else ""
+    return f"{where}{at}: {other['code']} {other['message']}"
 
 
 def _finding(verdict: _Verdict) -> Finding:
@@ -828,7 +859,13 @@ def _finding(verdict: _Verdict) -> Finding:
     if origin.notes:
         found["resolved"] = list(origin.notes)
     elsewhere = [
-        {"code": v.rule.code, "branch": v.site.branch, "message": v.rule.headline(v.site)}
+        {
+            "code": v.rule.code,
+            "branch": v.site.branch,
+            "message": v.rule.headline(v.site),
+            # Another expression (the other implementation's): where it is.
+            **({"line": v.site.origin.line} if v.site.origin.line not in (None, line) else {}),
+        }
         for v in verdict.elsewhere
     ]
     if elsewhere:

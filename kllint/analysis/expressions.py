@@ -1382,6 +1382,15 @@ class Expressions(Frame):
             # ``self.use_is = cfg["use_importance_sampling_correction"]``: a
             # feature flag, open, with the default the settings give it.
             return value
+        if (
+            isinstance(value, Py)
+            and isinstance(value.value, bool)
+            and isinstance(assigned[0], cst.Subscript)
+        ):
+            # The same read where ``cfg`` defaults to a settings dict of the
+            # module (``cfg: LossConfig = DEFAULT_LOSS_CONFIG``): a run may
+            # give another dict, so open too.
+            return Unknown(f"self.{attr}", ("self", attr), default_flag=value.value)
         section = bool(set(roles.words(attr)) & selectors.CONFIG_WORDS)
         if not section and (
             (
