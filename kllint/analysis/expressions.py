@@ -1649,7 +1649,25 @@ class Expressions(Frame):
 
     def index_default(self, key: cst.BaseExpression) -> Py | None:
         """``stack[args.kl_estimator]`` with ``kl_estimator: int = 2``: an int
-        setting used as an index is a selector; its default picks the item."""
+        setting used as an index is a selector; its default picks the item.
+        So does a string setting's place in a list of the names
+        (``stack[KL_ESTIMATORS.index(args.kl_estimator)]``)."""
+        if (
+            isinstance(key, cst.Call)
+            and isinstance(key.func, cst.Attribute)
+            and key.func.attr.value == "index"
+            and len(key.args) == 1
+        ):
+            names = self.eval(key.func.value)
+            chosen = self.index_default(key.args[0].value)
+            if (
+                isinstance(names, Seq)
+                and isinstance(chosen, Py)
+                and Py(chosen.value) in names.items
+                and isinstance(chosen.value, str)
+            ):
+                return Py(names.items.index(Py(chosen.value)))
+            return None
         if not isinstance(key, cst.Attribute):
             return None
         base = self.eval(key.value)

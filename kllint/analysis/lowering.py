@@ -1492,6 +1492,12 @@ TORCH_FUNCTIONS: dict[str, FunctionLowering] = {
     # shards of one sum (a sequence split over context-parallel ranks) added
     # up, with their gradient: the whole sum.
     "all_reduce": lambda at, args, kwargs: args[0] if args else None,
+    # ``torch.distributed.nn.functional.all_gather(local)``: every rank's
+    # tensor, each with its graph (``torch.cat(...).sum()`` adds them up).
+    # ``dist.all_gather(chunks, local)`` writes into buffers (see calls).
+    "all_gather": lambda at, args, kwargs: (
+        Seq([args[0]], appended=True) if len(args) == 1 and not kwargs else None
+    ),
     # ``torch.nested.nested_tensor_from_jagged(values, offsets=cu_seqlens)``:
     # the flat tokens of packed sequences as one row each.
     "nested_tensor_from_jagged": lambda at, args, kwargs: args[0] if args else None,

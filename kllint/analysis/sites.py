@@ -162,26 +162,28 @@ def _score_with_an_unread_weight(term: ir.Node) -> bool:
     gradient ``w * grad logp``) whose weight is beyond what kllint reads (not
     an advantage: ``exp(logp - sg(logp)) * adv`` is the policy gradient)."""
 
-    def score(n: ir.Node) -> bool:
-        return (
-            isinstance(n, ir.Binary)
-            and n.op == "sub"
-            and isinstance(n.right, ir.Unary)
-            and n.right.op == "detach"
-            and n.right.arg is n.left
-            and n.left.has_role(Role.POLICY_LOGP)
-        )
-
     return any(
         isinstance(n, ir.Binary)
         and n.op == "mul"
         and any(
-            score(side)
+            _is_score(side)
             and any(isinstance(w, ir.Opaque) for w in weight.walk())
             and not weight.has_role(Role.ADVANTAGE)
             for side, weight in ((n.left, n.right), (n.right, n.left))
         )
         for n in term.walk()
+    )
+
+
+def _is_score(n: ir.Node) -> bool:
+    """``logp - sg(logp)``: zero, with the gradient of the log-probs."""
+    return (
+        isinstance(n, ir.Binary)
+        and n.op == "sub"
+        and isinstance(n.right, ir.Unary)
+        and n.right.op == "detach"
+        and n.right.arg is n.left
+        and n.left.has_role(Role.POLICY_LOGP)
     )
 
 
@@ -369,6 +371,10 @@ def _to_different_references(pieces: list[ir.Node]) -> bool:
     (two KL rewards), each against reference log-probs no other piece reads
     (``ref_logp`` and ``reset_ref_logp``): two regularisers."""
     if len(pieces) < 2 or not all(_is_reduced(p) or _holds_a_log_ratio(p) for p in pieces):
+        return False
+    if any(_is_score(n) for p in pieces for n in p.walk()):
+        # ``sg(k3) + kl_to_go * (logp - sg(logp))``: one KL's value and its
+        # gradient, however a helper named the reference it was given.
         return False
     seen: set[str] = set()
     for piece in pieces:
