@@ -1,8 +1,9 @@
 """KL terms behind library objects and wrappers: an exact KL written as a
 cross-entropy minus ``Categorical.entropy()``, a ``@contextmanager`` of the
 project that enters ``no_grad``, loss modules held in an ``nn.ModuleDict``,
-and a score-function helper that returns one value per sequence. Each has
-its correct twin, which stays quiet."""
+a score-function helper that returns one value per sequence, and a
+log-softmax written out with the max added back to the log-sum of exps.
+Each has its correct twin, which stays quiet."""
 
 from __future__ import annotations
 
@@ -240,3 +241,39 @@ def test_a_distribution_passed_to_a_wrapper_keeps_whose_it_is(tmp_path: Path) ->
 def test_the_sequence_k2_through_the_same_wrapper_is_right(tmp_path: Path) -> None:
     kl = "0.5 * seq_log_ratio.pow(2).mean()"
     assert findings(tmp_path, WRAPPED_DISTRIBUTION.format(kl=kl)) == []
+
+
+STABILISED_LOG_SOFTMAX = """
+import torch
+
+
+def token_logprobs(logits, index):
+    logits = {logits_line}
+    row_max = logits.amax(dim=-1, keepdim=True)
+    lse = row_max + torch.log(torch.exp(logits - row_max).sum(dim=-1, keepdim=True))
+    token_logits = torch.gather(logits, dim=-1, index=index.unsqueeze(-1))
+    return (token_logits - lse).squeeze(-1)
+
+
+def compute_loss(logits, ref_logits, input_ids, advantages, loss_mask, beta=0.1):
+    policy_logprobs = torch.gather(logits.log_softmax(-1), -1, input_ids.unsqueeze(-1)).squeeze(-1)
+    pg_loss = -(advantages.unsqueeze(-1) * policy_logprobs * loss_mask).sum(-1).mean()
+    logprobs = token_logprobs(logits, input_ids)
+    ref_logprobs = token_logprobs(ref_logits, input_ids)
+    log_ratio = (logprobs - ref_logprobs) * loss_mask
+    kl = 0.5 * log_ratio.sum(dim=-1).square()
+    loss = pg_loss + beta * kl.mean()
+    loss.backward()
+"""
+
+
+def test_a_kl_of_log_probs_read_through_data_is_reported(tmp_path: Path) -> None:
+    # ``row_max + log(sum(exp(z - row_max)))`` is z's logsumexp, so the
+    # gathered logits minus it are log-probs; of ``.data``, without gradient.
+    source = STABILISED_LOG_SOFTMAX.format(logits_line="logits.data.to(torch.float32)")
+    assert findings(tmp_path, source) == [(19, "KL005")]
+
+
+def test_a_sequence_k2_of_those_log_probs_with_their_graph_says_nothing(tmp_path: Path) -> None:
+    source = STABILISED_LOG_SOFTMAX.format(logits_line="logits.to(torch.float32)")
+    assert findings(tmp_path, source) == []

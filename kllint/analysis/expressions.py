@@ -152,7 +152,9 @@ class Expressions(Frame):
             ):
                 # ``teacher_logits / temperature``: still the teacher's logits.
                 return replace(left, text=code(expr))
-        shifted = lowering.shifted_logits(op, left, right, expr)
+        shifted = lowering.shifted_logits(op, left, right, expr) or lowering.max_added_back(
+            op, left, right
+        )
         if shifted is not None:
             return shifted
         log_prob = lowering.normalised_gather(op, left, right, _gathers_tokens(expr.left))

@@ -699,6 +699,24 @@ def shifted_logits(op: str, left: Value, right: Value, node: cst.CSTNode) -> Unk
     return replace(left, text=code(node))
 
 
+def max_added_back(op: str, left: Value, right: Value) -> Unknown | None:
+    """``row_max + torch.log(torch.exp(z - row_max).sum(-1, keepdim=True))``:
+    the logits' log Z, stabilised by their max and the max added back, is
+    their logsumexp."""
+    if op != "add" or not isinstance(left, Unknown) or not isinstance(right, Unknown):
+        return None
+    for top, log_z in ((left, right), (right, left)):
+        if (
+            ("max" in top.names or "amax" in top.names)
+            and any(roles.names_logits(n) for n in top.names)
+            and log_z.logprob_op
+            and log_z.names[:1] == ("logsumexp",)
+            and {n for n in top.names if roles.names_logits(n)} <= set(log_z.names)
+        ):
+            return log_z
+    return None
+
+
 def normaliser_by_hand(op: str, value: Unknown, node: cst.CSTNode) -> Unknown | None:
     """``z.exp().sum(-1, keepdim=True).log()`` of logits ``z``: their log Z
     written out (a vocab-parallel log-softmax sums each shard's exps across
