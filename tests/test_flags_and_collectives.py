@@ -215,3 +215,45 @@ def test_a_k3_value_with_the_kl_to_go_s_gradient_says_nothing(tmp_path: Path) ->
 def test_a_k3_value_with_the_token_s_own_score_is_reported(tmp_path: Path) -> None:
     kl_line = "kld = kld.detach() + log_ratio * (log_prob - log_prob.detach())"
     assert findings(tmp_path, VALUE_AND_SCORE.format(kl_line=kl_line)) == [(17, "KL003")]
+
+
+LEVELS = """
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class ActorConfig:
+    use_kl_loss: bool = True
+    kl_loss_coef: float = 0.001
+    kl_loss_level: str = "{level}"
+
+
+class Actor:
+    def __init__(self, config: ActorConfig):
+        self.config = config
+
+    def policy_loss(self, log_prob, ref_log_prob, response_mask):
+        cfg = self.config
+        kl_loss = 0.0
+        if cfg.use_kl_loss and cfg.kl_loss_level == "trajectory":
+            log_ratio = ((log_prob - ref_log_prob) * response_mask).sum(-1)
+            kl_loss = (0.5 * log_ratio.square()).mean()
+        elif cfg.use_kl_loss:
+            kld = 0.5 * (log_prob - ref_log_prob).square()
+            kl_loss = (kld * response_mask).sum(-1).mean()
+        loss = cfg.kl_loss_coef * kl_loss
+        loss.backward()
+"""
+
+
+def test_the_level_a_run_takes_by_default_decides_the_elif(tmp_path: Path) -> None:
+    # ``use_kl_loss and kl_loss_level == "trajectory"`` is ``use_kl_loss`` by
+    # default: the ``elif use_kl_loss`` after it is not run unless the
+    # level is changed.
+    assert findings(tmp_path, LEVELS.format(level="trajectory")) == []
+
+
+def test_the_token_level_by_default_is_reported(tmp_path: Path) -> None:
+    assert findings(tmp_path, LEVELS.format(level="token")) == [(25, "KL003")]

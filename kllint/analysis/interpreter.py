@@ -718,7 +718,8 @@ class Interpreter(Calls):
             else_body = [orelse]
         self.flag_defaults.clear()
         truth = self.truth(statement.test)
-        flag = self.flag_defaults.pop(id(statement.test), None)
+        test = self.deciding(statement.test) if truth is None else statement.test
+        flag = self.flag_defaults.pop(id(test), None)
         # ``if args.use_legacy_kl: ... else: ...`` with the flag's default in the
         # settings: two implementations of one KL. Both stay open; a finding
         # only on the one the defaults do not run is dropped where the one
@@ -730,7 +731,7 @@ class Interpreter(Calls):
         )
 
         def label() -> str:
-            condition = self.condition_label(statement.test)
+            condition = self.condition_label(test)
             if flag is not None:
                 note_default(condition, flag)
             if alternatives:
@@ -743,6 +744,18 @@ class Interpreter(Calls):
             lambda: self.exec_block(statement.body.body),
             lambda: self.exec_block(else_body),
         )
+
+    def deciding(self, test: cst.BaseExpression) -> cst.BaseExpression:
+        """What an open condition turns on: ``cfg.use_kl_loss`` of
+        ``cfg.use_kl_loss and cfg.kl_loss_level == "trajectory"`` when the
+        level's default passes (so that ``elif cfg.use_kl_loss:`` after it
+        is read as the flag's other side, which it is by default)."""
+        if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
+            if self.truth(test.right) is True:
+                return self.deciding(test.left)
+            if self.truth(test.left) is True:
+                return self.deciding(test.right)
+        return test
 
     def revises_a_kl(self, block: Sequence[cst.CSTNode]) -> bool:
         """``if kl.future_credit: per_pos_kl = per_pos_kl + later_kl * score``:
