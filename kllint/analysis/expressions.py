@@ -1424,28 +1424,14 @@ class Expressions(Frame):
         """``cfg if cfg is not None else DEFAULT_CFG`` with ``cfg=None`` in
         the signature and no construction in the package passing it: the
         module's settings, ``DEFAULT_CFG``."""
-        if not (
-            isinstance(value, cst.IfExp)
-            and isinstance(value.test, cst.Comparison)
-            and len(value.test.comparisons) == 1
-            and isinstance(value.test.left, cst.Name)
-            and isinstance(value.test.comparisons[0].comparator, cst.Name)
-            and value.test.comparisons[0].comparator.value == "None"
-            and isinstance(value.test.comparisons[0].operator, (cst.IsNot, cst.Is))
-            and self.cls is not None
-        ):
+        found = _given_or_fallback(value)
+        if found is None or self.cls is None:
             return None
-        given = value.test.left.value
-        fallback = (
-            value.orelse
-            if isinstance(value.test.comparisons[0].operator, cst.IsNot)
-            else value.body
-        )
+        given, fallback = found
         param = next((p for p in named_params(init) if p.name.value == given), None)
         if (
             param is None
-            or not isinstance(param.default, cst.Name)
-            or param.default.value != "None"
+            or not _defaults_to_none(param)
             or not isinstance(fallback, cst.Name)
             or fallback.value not in self.module.constants
             or self.context.project.builds_passing(self.context.fs_path, self.cls.name, given)
@@ -1495,6 +1481,18 @@ class Expressions(Frame):
             ):
                 # ``cfg: MasterConfig = DEFAULT_CONFIG``: the module's settings.
                 env[param.name.value] = self.eval(param.default)
+                continue
+            fallback = _fallback_when_not_given(init, param)
+            if (
+                fallback is not None
+                and self.cls is not None
+                and not self.context.project.builds_passing(
+                    self.context.fs_path, self.cls.name, param.name.value
+                )
+            ):
+                # ``cfg = cfg or default_loss_config()`` with ``cfg=None`` and no
+                # construction in the package passing it: the module's settings.
+                env[param.name.value] = self.eval(fallback)
                 continue
             if self.cls is None or (
                 param.default is not None and not selectors.is_selector_literal(param.default)
@@ -2005,6 +2003,50 @@ _SETUP_STEPS: dict[int, tuple[ClassInfo, list[str]]] = {}
 def _init_assignments(init: cst.FunctionDef) -> dict[str, list[cst.BaseExpression]]:
     """``self.name = value`` statements at the top level of ``__init__``."""
     return _top_level_assignments(init)[0]
+
+
+def _fallback_when_not_given(init: cst.FunctionDef, param: cst.Param) -> cst.BaseExpression | None:
+    """``X`` of ``cfg = cfg or X`` (or ``X if cfg is None else cfg``), the one
+    assignment ``__init__`` makes to a parameter that defaults to None."""
+    if not _defaults_to_none(param):
+        return None
+    values = _local_assignments(init).get(param.name.value, [])
+    found = _given_or_fallback(values[0]) if len(values) == 1 else None
+    if found is None or found[0] != param.name.value:
+        return None
+    # Settings written elsewhere (``DEFAULT_CFG``, ``default_loss_config()``);
+    # ``cfg or {}`` leaves each read to its own default.
+    fallback = found[1]
+    if isinstance(fallback, cst.Call) and isinstance(fallback.func, cst.Name):
+        return None if fallback.func.value in ("dict", "OrderedDict") else fallback
+    return fallback if isinstance(fallback, (cst.Name, cst.Call)) else None
+
+
+def _defaults_to_none(param: cst.Param) -> bool:
+    return isinstance(param.default, cst.Name) and param.default.value == "None"
+
+
+def _given_or_fallback(value: cst.BaseExpression) -> tuple[str, cst.BaseExpression] | None:
+    """``cfg or X``, ``cfg if cfg is not None else X`` (``X if cfg is None
+    else cfg``): the name given and the fallback used without it."""
+    if (
+        isinstance(value, cst.BooleanOperation)
+        and isinstance(value.operator, cst.Or)
+        and isinstance(value.left, cst.Name)
+    ):
+        return value.left.value, value.right
+    if not (
+        isinstance(value, cst.IfExp)
+        and isinstance(value.test, cst.Comparison)
+        and len(value.test.comparisons) == 1
+        and isinstance(value.test.left, cst.Name)
+        and isinstance(value.test.comparisons[0].comparator, cst.Name)
+        and value.test.comparisons[0].comparator.value == "None"
+        and isinstance(value.test.comparisons[0].operator, (cst.IsNot, cst.Is))
+    ):
+        return None
+    is_none = isinstance(value.test.comparisons[0].operator, cst.Is)
+    return value.test.left.value, value.body if is_none else value.orelse
 
 
 def _local_assignments(init: cst.FunctionDef) -> dict[str, list[cst.BaseExpression]]:
