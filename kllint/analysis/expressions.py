@@ -1549,17 +1549,25 @@ class Expressions(Frame):
                 return self.lift1(base, lowering.to_token_level)
         key_value: Value | None = None
         index = expr.slice[0].slice if len(expr.slice) == 1 else None
-        running = _running_sum(base)
-        if running is not None and (
+        options = [v for _, v in base.options] if isinstance(base, Choice) else [base]
+        if any(_running_sum(v) is not None for v in options) and (
             _last_column(expr) or (isinstance(index, cst.Index) and _segment_ends(index.value))
         ):
             # ``running[:, -1:]`` of ``log_ratio.cumsum(dim=1)``, ``csum[last_idx]``
             # over packed tokens: the running sum at each sequence's last
             # token, its total (``running[:, -1:] - running + x`` is then the
             # KL still to come; ``csum[last_idx][seg_ids]`` spreads it back
-            # over the sequence's tokens).
-            total = ir.Reduce("sum", ir.Axis.TIME, running.arg, origin=self.origin(expr))
-            return total if running is base else ir.detach(total)
+            # over the sequence's tokens). On each path that holds one.
+            origin = self.origin(expr)
+
+            def total_of(node: ir.Node) -> ir.Node:
+                running = _running_sum(node)
+                if running is None:
+                    return node
+                total = ir.Reduce("sum", ir.Axis.TIME, running.arg, origin=origin)
+                return total if running is node else ir.detach(total)
+
+            return self.lift1(base, total_of)
         if len(expr.slice) > 1:
             nested = string_key(expr)
             key_value = Py(nested) if nested is not None else None
@@ -1948,13 +1956,16 @@ def _segment_ends(index: cst.BaseExpression) -> bool:
         index = index.func.value  # ``(cu_seqlens[1:] - 1).long()``
     if isinstance(index, cst.Name):
         return bool(set(roles.words(index.value)) & (_SEGMENT_ENDS | {"last"}))
-    return (
+    if not (
         isinstance(index, cst.BinaryOperation)
         and isinstance(index.operator, cst.Subtract)
         and int_literal(index.right) == 1
-        and isinstance(index.left, cst.Subscript)
-        and full_code(index.left).endswith("[1:]")
-    )
+    ):
+        return False
+    ends = index.left
+    while isinstance(ends, cst.Call) and isinstance(ends.func, cst.Attribute):
+        ends = ends.func.value  # ``cu_seqlens[1:].long() - 1``
+    return isinstance(ends, cst.Subscript) and full_code(ends).endswith("[1:]")
 
 
 _SEGMENT_STARTS = frozenset({"start", "starts", "begin", "begins"})

@@ -1519,6 +1519,11 @@ TORCH_FUNCTIONS: dict[str, FunctionLowering] = {
     # ``torch.nested.nested_tensor_from_jagged(values, offsets=cu_seqlens)``:
     # the flat tokens of packed sequences as one row each.
     "nested_tensor_from_jagged": lambda at, args, kwargs: args[0] if args else None,
+    # ``torch.nested.nested_tensor(pieces)`` copies the pieces into a new
+    # leaf, without their graph (as ``torch.tensor`` does);
+    # ``torch.nested.as_nested_tensor(pieces)`` keeps it.
+    "nested_tensor": _tensor,
+    "as_nested_tensor": _pad_sequence,
     "pad": _pad,
     "bmm": _bmm,
     "tensordot": _tensordot,
@@ -1710,6 +1715,39 @@ def vocabulary_expectation(kind: str, node: ir.Node, origin: ir.Origin) -> ir.No
 
 
 _VOCABULARY_SUM = "a sum over the vocabulary"
+
+
+def still_to_come(left: ir.Node, right: ir.Node, origin: ir.Origin | None) -> ir.Node | None:
+    """``total - running + x`` with ``running = x.cumsum(...)`` and ``total``
+    its value at each sequence's last token (``csum[ends][seg]`` over packed
+    tokens, ``running[:, -1:]``): the sum of ``x`` from each token to the
+    end of its sequence, a reverse cumulative sum (detached where any part
+    is)."""
+    if not (isinstance(left, ir.Binary) and left.op == "sub"):
+        return None
+
+    def bare(node: ir.Node) -> ir.Node:
+        return node.arg if isinstance(node, ir.Unary) and node.op == "detach" else node
+
+    parts = [left.left, left.right, right]
+    detached = any(bare(p) is not p for p in parts)
+    total, running, x = map(bare, parts)
+    if not (
+        isinstance(total, ir.Reduce)
+        and total.kind == "sum"
+        and total.axis is ir.Axis.TIME
+        and total.mask is None
+        and isinstance(running, ir.CumSum)
+        and not running.reverse
+        and running.discount is None
+        and ir.structure(bare(total.arg))
+        == ir.structure(bare(running.arg))
+        == ir.structure(bare(x))
+    ):
+        return None
+    detached = detached or bare(x) is not x
+    to_come = ir.CumSum(bare(x), reverse=True, origin=origin)
+    return ir.detach(to_come, origin) if detached else to_come
 
 
 def vocabulary_sums_combined(
