@@ -702,3 +702,58 @@ def test_off_policy_a_token_ratio_corrects_the_token_not_its_prefix() -> None:
     assert whole.instances["off_policy"].verdict == "correct"
     # Without a behaviour policy in the term there is no off-policy regime.
     assert "off_policy" not in confirm_site(masked_sum(k3)).instances
+
+
+DISCOUNTED_RETURNS = """
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class AlgoConfig:
+    kl_coef: float = 0.05
+    gamma: float = 1.0
+
+
+@torch.no_grad()
+def returns_of(token_rewards, mask, gamma):
+    returns = torch.zeros_like(token_rewards)
+    running = torch.zeros_like(token_rewards[:, 0])
+    for t in reversed(range(token_rewards.shape[1])):
+        running = token_rewards[:, t] + gamma * running
+        returns[:, t] = running
+        running = running * mask[:, t]
+    return returns * mask
+
+
+class Trainer:
+    def __init__(self, algo: AlgoConfig):
+        self.algo = algo
+
+    def train_step(self, batch, log_probs):
+        with torch.no_grad():
+            kl = (batch["ref_log_probs"] - batch["old_log_probs"]) * batch["mask"]
+            token_rewards = batch["rewards"] - self.algo.kl_coef * kl
+            advantages = returns_of(token_rewards, batch["mask"], self.algo.gamma)
+        ratio = torch.exp(log_probs - batch["old_log_probs"])
+        loss = -(advantages * ratio * batch["mask"]).sum() / batch["mask"].sum()
+        loss.backward()
+"""
+
+
+def test_a_discount_the_settings_give_is_held_at_its_default(tmp_path) -> None:
+    # ``running = r_t + gamma * running`` is the reward-to-go at the default
+    # gamma = 1, the run's: the harness measures it there, not at the values
+    # it tries for a coefficient it cannot read.
+    from kllint.engine import lint_paths
+    from kllint.harness import confirm_findings
+
+    path = tmp_path / "trainer.py"
+    path.write_text(DISCOUNTED_RETURNS)
+    findings = lint_paths([path], jobs=1, keep_sites=True).findings
+    assert [(f.line, f.code) for f in findings] == [(30, "KL006")]
+    confirm_findings(findings)
+    record = findings[0].confirmation
+    assert record is not None and record["outcome"] == "confirmed", record["summary"]
+    assert "self.algo.gamma=1 (its default)" in json.dumps(record)

@@ -2127,7 +2127,6 @@ def _unpacked(
 
 
 # Names of a return's discount and of GAE's lambda.
-_DISCOUNT_WORDS = frozenset({"gamma", "lam", "lambd", "lmbda", "lambda", "discount"})
 
 
 def _undiscounted_by_default(
@@ -2135,7 +2134,7 @@ def _undiscounted_by_default(
 ) -> bool:
     """``self.lam = lam`` where ``__init__`` has ``lam=1.0``: a discount whose
     default is 1."""
-    if not (isinstance(assigned, cst.Name) and set(roles.words(attr)) & _DISCOUNT_WORDS):
+    if not (isinstance(assigned, cst.Name) and set(roles.words(attr)) & roles.DISCOUNT_WORDS):
         return False
     for param in named_params(init):
         if param.name.value == assigned.value:

@@ -906,6 +906,11 @@ def names_a_teacher(name: str) -> bool:
     return has_words(name, TEACHER_WORDS)
 
 
+# A discount of returns (``gamma``, GAE's ``lam``): a reward-to-go is one
+# only undiscounted, so the harness holds a configured one at its default.
+DISCOUNT_WORDS = frozenset({"gamma", "lam", "lambd", "lmbda", "lambda", "discount"})
+
+
 # A critic's output: its logits are a distribution over value bins (a
 # categorical value head), not a policy's next-token distribution.
 CRITIC_WORDS = frozenset({"value", "values", "critic", "vf"})

@@ -13,6 +13,7 @@ import torch
 
 from kllint.analysis import ir
 from kllint.analysis.ir import Role
+from kllint.analysis.roles import DISCOUNT_WORDS, words
 from kllint.findings import Finding
 from kllint.harness import tabular
 from kllint.harness.claims import (
@@ -179,8 +180,20 @@ def _variants(term: ir.Node) -> list[tuple[str, dict[str, Any]]]:
         and a.default[0] == 0
         and a.name in nonlinear
     }
+    # So is a discount the settings give (``gamma: float = 1.0``): a loop of
+    # returns is read as the reward-to-go it is at that value, not at others.
+    off.update(
+        {
+            a.name: a.default[0]
+            for a in term.atoms()
+            if a.role is Role.COEFFICIENT
+            and a.default is not None
+            and a.name in nonlinear
+            and set(words(a.name)) & DISCOUNT_WORDS
+        }
+    )
     names = [n for n in nonlinear if n not in off]
-    held = "".join(f",{n}=0 (its default)" for n in off)
+    held = "".join(f",{n}={value:g} (its default)" for n, value in off.items())
     if not names:
         return [(held[1:], {"coefficients": off})] if off else [("", {})]
     return [
