@@ -128,3 +128,30 @@ def test_a_token_k2_scaled_by_an_adaptive_coefficient_is_reported(tmp_path: Path
 def test_a_sequence_k2_scaled_by_an_adaptive_coefficient_says_nothing(tmp_path: Path) -> None:
     kl_line = "kl_loss = ((log_ratio * mask).sum(-1).square() / 2.0).mean()"
     assert findings(tmp_path, ADAPTIVE_COEFFICIENT.format(kl_line=kl_line)) == []
+
+
+ACCUMULATED = """
+import itertools
+
+import torch
+
+
+def kl_penalty(logps, ref_logps, mask, beta=0.05):
+    log_ratio = ((logps - ref_logps) * mask).detach()
+    {weights_line}
+    kl_penalty = (weights * logps * mask).sum(-1).mean()
+    loss = beta * kl_penalty
+    loss.backward()
+"""
+
+
+def test_a_prefix_sum_built_with_accumulate_is_reported(tmp_path: Path) -> None:
+    # ``accumulate`` adds forward: each token is weighted by the KL before
+    # it, not by the KL still to come.
+    weights_line = "weights = torch.stack(list(itertools.accumulate(log_ratio.unbind(-1))), dim=-1)"
+    assert findings(tmp_path, ACCUMULATED.format(weights_line=weights_line)) == [(10, "KL003")]
+
+
+def test_the_reward_to_go_written_with_flips_says_nothing(tmp_path: Path) -> None:
+    weights_line = "weights = log_ratio.flip(-1).cumsum(-1).flip(-1)"
+    assert findings(tmp_path, ACCUMULATED.format(weights_line=weights_line)) == []

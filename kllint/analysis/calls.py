@@ -31,7 +31,7 @@ from kllint.analysis.module import (
     dotted_name,
 )
 from kllint.analysis.project import Project, dotted_module_name
-from kllint.analysis.syntax import assigned_names, chain_names, code, full_code
+from kllint.analysis.syntax import assigned_names, chain_names, code, full_code, int_literal
 from kllint.analysis.values import (
     Choice,
     DictVal,
@@ -1205,6 +1205,14 @@ class Calls(Expressions):
             rejoined = _rejoined(self.eval(args[0].value))
             if rejoined is not None:
                 return rejoined
+        if name == "stack" and args:
+            columns = _accumulated_columns(args, kwargs)
+            if columns is not None:
+                # ``torch.stack(list(accumulate(x.unbind(-1))), dim=-1)``: each
+                # step's sum of the columns so far, x's forward running sum.
+                return self.lift1(
+                    self.eval(columns), lambda n: ir.CumSum(n, False, origin=self.origin(call))
+                )
         if name in lowering.GATHERS_INTO and len(args) >= 2 and isinstance(args[0].value, cst.Name):
             buffers = args[0].value.value
             held = self.env.get(buffers)
@@ -1820,6 +1828,37 @@ def _unscaled(expr: cst.BaseExpression) -> cst.BaseExpression:
     ):
         expr = expr.left
     return expr
+
+
+def _accumulated_columns(
+    args: list[cst.Arg], kwargs: dict[str, cst.BaseExpression]
+) -> cst.BaseExpression | None:
+    """``x`` of ``torch.stack(list(itertools.accumulate(x.unbind(-1))), dim=-1)``:
+    the time columns of ``x`` summed so far at each step (Python's
+    ``accumulate`` adds by default), stacked back along the same axis."""
+    rows = args[0].value
+    if isinstance(rows, cst.Call) and dotted_name(rows.func) in ("list", "tuple") and rows.args:
+        rows = rows.args[0].value
+    if not (
+        isinstance(rows, cst.Call)
+        and dotted_name(rows.func) in ("accumulate", "itertools.accumulate")
+        and len(rows.args) == 1
+    ):
+        return None
+    columns = rows.args[0].value
+    if not (
+        isinstance(columns, cst.Call)
+        and isinstance(columns.func, cst.Attribute)
+        and columns.func.attr.value == "unbind"
+        and len(columns.args) == 1
+    ):
+        return None
+    cut = int_literal(columns.args[0].value)
+    dim = kwargs.get("dim", args[1].value if len(args) > 1 else None)
+    stacked = int_literal(dim) if dim is not None else 0
+    if cut not in (-1, 1) or stacked != cut:
+        return None
+    return columns.func.value
 
 
 def _rejoined(pieces: Value) -> Value | None:
