@@ -155,3 +155,43 @@ def test_a_prefix_sum_built_with_accumulate_is_reported(tmp_path: Path) -> None:
 def test_the_reward_to_go_written_with_flips_says_nothing(tmp_path: Path) -> None:
     weights_line = "weights = log_ratio.flip(-1).cumsum(-1).flip(-1)"
     assert findings(tmp_path, ACCUMULATED.format(weights_line=weights_line)) == []
+
+
+NUMPY_REWARDS = """
+import numpy as np
+import torch
+
+
+def token_rewards(old_log_probs, ref_log_probs, response_mask, scores, kl_coef=0.05):
+    old = old_log_probs.detach().cpu().numpy()
+    ref = ref_log_probs.detach().cpu().numpy()
+    mask = response_mask.detach().cpu().numpy().astype(old.dtype)
+    log_ratio = (old - ref) * mask
+    {kl_line}
+    rewards = scores.cpu().numpy() - kl_coef * kl
+    returns = np.zeros_like(rewards)
+    running = np.zeros(rewards.shape[0], dtype=rewards.dtype)
+    for t in reversed(range(rewards.shape[1])):
+        running = rewards[:, t] + running
+        returns[:, t] = running
+    return torch.as_tensor(returns * mask)
+
+
+def train_step(log_probs, batch):
+    returns = token_rewards(
+        batch["old_log_probs"], batch["ref_log_probs"], batch["mask"], batch["scores"]
+    )
+    loss = -(returns * log_probs * batch["mask"]).sum(-1).mean()
+    loss.backward()
+"""
+
+
+def test_a_k3_reward_computed_in_numpy_is_reported(tmp_path: Path) -> None:
+    # ``.numpy().astype(old.dtype)`` is the mask cast, not an unknown factor.
+    kl_line = "kl = (np.expm1(-log_ratio) + log_ratio) * mask"
+    assert findings(tmp_path, NUMPY_REWARDS.format(kl_line=kl_line)) == [(11, "KL004")]
+
+
+def test_a_k1_reward_computed_in_numpy_says_nothing(tmp_path: Path) -> None:
+    kl_line = "kl = log_ratio * mask"
+    assert findings(tmp_path, NUMPY_REWARDS.format(kl_line=kl_line)) == []

@@ -47,6 +47,8 @@ TENSOR_IDENTITY = frozenset(
         "half",
         "bfloat16",
         "to",
+        # NumPy's cast of an array a tensor was copied into (``.numpy().astype(...)``).
+        "astype",
         "contiguous",
         "view",
         "reshape",
