@@ -3,8 +3,9 @@ gradient-carrying ``all_gather`` of a per-token loss, a flag read from a
 settings dict the constructor defaults to, a finding on the implementation
 the defaults do not run said in the notes of the one they run, a "both"
 pairing on the default path, an estimator picked by its name's place in a
-list, and a value-preserving surrogate whose helper names the reference its
-own way. Each has its correct twin, which stays quiet."""
+list, a value-preserving surrogate whose helper names the reference its
+own way, and log-probs handed on through ``*tensors``. Each has its correct
+twin, which stays quiet."""
 
 from __future__ import annotations
 
@@ -257,3 +258,35 @@ def test_the_level_a_run_takes_by_default_decides_the_elif(tmp_path: Path) -> No
 
 def test_the_token_level_by_default_is_reported(tmp_path: Path) -> None:
     assert findings(tmp_path, LEVELS.format(level="token")) == [(25, "KL003")]
+
+
+FORWARDED = """
+import torch
+
+
+def loss_terms(log_probs, ref_log_probs, mask, *, beta=0.05):
+    log_ratio = log_probs - ref_log_probs
+    {kl_line}
+    return beta * kl
+
+
+def actor_loss(*tensors, **kwargs):
+    return loss_terms(*tensors, **kwargs)
+
+
+def training_step(actor, batch):
+    log_probs = actor(batch["input_ids"])
+    loss = actor_loss(log_probs, batch["ref_log_probs"], batch["mask"], beta=0.1)
+    loss.backward()
+"""
+
+
+def test_a_token_k2_behind_a_varargs_forwarder_is_reported(tmp_path: Path) -> None:
+    # ``actor_loss(*tensors)`` hands its positionals on as they were given.
+    kl_line = "kl = (0.5 * log_ratio.square() * mask).sum(-1).mean()"
+    assert findings(tmp_path, FORWARDED.format(kl_line=kl_line)) == [(7, "KL003")]
+
+
+def test_a_sequence_k2_behind_it_says_nothing(tmp_path: Path) -> None:
+    kl_line = "kl = (0.5 * (log_ratio * mask).sum(-1).square()).mean()"
+    assert findings(tmp_path, FORWARDED.format(kl_line=kl_line)) == []

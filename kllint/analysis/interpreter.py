@@ -177,7 +177,12 @@ class Interpreter(Calls):
                 self.env[name] = self.param_value(name, fn)
         for star in (params.star_arg, params.star_kwarg):
             if isinstance(star, cst.Param):
-                self.env[star.name.value] = Unknown(star.name.value, (star.name.value,))
+                given = bound.get(star.name.value) if bound is not None else None
+                self.env[star.name.value] = (
+                    given
+                    if isinstance(given, Seq)
+                    else Unknown(star.name.value, (star.name.value,))
+                )
         if isinstance(params.star_kwarg, cst.Param) and bound:
             # ``def _aggregate(self, **terms)`` given ``**loss_terms`` or
             # ``kl_loss=...``: the keywords no parameter takes are its dict.
@@ -1515,6 +1520,7 @@ class Interpreter(Calls):
                 index += 1
         bound.update(ref.preset_kwargs)
         unread_splat = False
+        extra: list[Value] = []
         for position, arg in enumerate(given):
             value = evaluated[position] if evaluated is not None else self.eval(arg.value)
             if arg.star == "**":
@@ -1540,6 +1546,12 @@ class Interpreter(Calls):
             elif index < len(positional):
                 bound[positional[index].name.value] = value
                 index += 1
+            elif isinstance(params.star_arg, cst.Param):
+                # ``def actor_loss(*tensors, ...)``: the positionals past the
+                # named ones are its tuple (``actor_loss_terms(*tensors)``).
+                extra.append(value)
+        if extra and isinstance(params.star_arg, cst.Param):
+            bound[params.star_arg.name.value] = Seq(extra)
         if not self.may_matter(ref, bound):
             return Unknown(code(call), (ref.name,), call=True)
         if unread_splat and not any(_log_probs_in(v) for v in bound.values()):
