@@ -268,3 +268,45 @@ def test_a_k3_through_as_tensor_keeps_its_gradient(tmp_path: Path) -> None:
 def test_a_sequence_k2_through_as_tensor_says_nothing(tmp_path: Path) -> None:
     kl_line = "kl = 0.5 * ((log_probs - ref) * mask).sum(-1) ** 2"
     assert findings(tmp_path, AS_TENSOR.format(kl_line=kl_line)) == []
+
+
+EXPERIENCE_AND_INFO = """
+import torch
+
+
+class Trainer:
+    def __init__(self, actor, kl_coef=0.05):
+        self.actor = actor
+        self.kl_coef = kl_coef
+
+    @torch.no_grad()
+    def make_experience(self, batch):
+        log_probs = self.actor(batch["input_ids"])
+        ref_log_probs = batch["ref_log_probs"]
+        {kl_line}
+        rewards = -self.kl_coef * kl * batch["mask"]
+        returns = rewards.flip(-1).cumsum(-1).flip(-1)
+        info = {{"kl": kl.mean().item()}}
+        return {{"log_probs": log_probs, "advantages": returns, "mask": batch["mask"]}}, info
+
+    def training_step(self, experience, batch):
+        log_probs = self.actor(batch["input_ids"])
+        ratio = torch.exp(log_probs - experience["log_probs"])
+        loss = -(ratio * experience["advantages"] * experience["mask"]).sum(-1).mean()
+        loss.backward()
+"""
+
+
+def test_advantages_returned_beside_the_metrics_are_judged(tmp_path: Path) -> None:
+    # ``return experience, info``: the experience dict is read back by the
+    # loss as much as a dict returned alone is. A reversed log-ratio makes
+    # the KL penalty a bonus.
+    kl_line = "kl = ref_log_probs - log_probs"
+    assert findings(tmp_path, EXPERIENCE_AND_INFO.format(kl_line=kl_line)) == [(14, "KL006")]
+
+
+def test_the_penalty_with_its_sign_returned_beside_the_metrics_says_nothing(
+    tmp_path: Path,
+) -> None:
+    kl_line = "kl = log_probs - ref_log_probs"
+    assert findings(tmp_path, EXPERIENCE_AND_INFO.format(kl_line=kl_line)) == []

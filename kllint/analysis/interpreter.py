@@ -971,10 +971,18 @@ class Interpreter(Calls):
             if self.depth == 0 and isinstance(record, cst.Call):
                 for shown, field_value in self.record_advantages(record):
                     self.advantage_sink(small, field_value, f"the advantages stored as `{shown}`")
-            if self.depth == 0 and isinstance(value, DictVal):
+            records = (
+                [value]
+                if isinstance(value, DictVal)
+                else [v for v in value.items if isinstance(v, DictVal)]
+                if isinstance(value, Seq) and isinstance(small.value, cst.Tuple)
+                else []
+            )
+            for returned in records if self.depth == 0 else []:
                 # ``return {"advantages": advantages, ...}``: an experience
-                # record as a dict, read back by the loss.
-                for key, item in _read_back(list(value.items.items())):
+                # record as a dict, read back by the loss (also beside the
+                # metrics, ``return experience, info``).
+                for key, item in _read_back(list(returned.items.items())):
                     self.advantage_sink(small, item, f"the advantages returned as `{key}`")
             if (
                 self.depth == 0
