@@ -379,11 +379,7 @@ def _verdicts(sinks: list[Sink], path: str) -> list[_Verdict]:
             all(off_the_default_implementation(b) for b in v.branches)
             and all(id(s.node) in right_by_default for s in v.sinks)
         )
-    ]
-    verdicts = [
-        v
-        for v in verdicts
-        if not (
+        and not (
             id(v.site.origin.cst_node) in right_as_set
             and all(against_defaults(b) for b in _branches_run(v))
         )
@@ -413,9 +409,10 @@ def _default_first(verdicts: list[_Verdict]) -> list[_Verdict]:
                 on_default.setdefault(id(s.node), v)
     kept = []
     for v in verdicts:
-        run = {id(on_default.get(id(s.node))): on_default.get(id(s.node)) for s in v.sinks}
-        primary = next(iter(run.values()))
-        if id(v) in off_default and len(run) == 1 and primary is not None:
+        # The one verdict the defaults' implementation has at each of its losses.
+        primaries = [on_default.get(id(s.node)) for s in v.sinks]
+        primary = primaries[0]
+        if id(v) in off_default and primary is not None and all(p is primary for p in primaries):
             primary.elsewhere.append(v)
         else:
             kept.append(v)

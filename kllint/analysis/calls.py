@@ -1846,18 +1846,12 @@ def _accumulated_columns(
     ):
         return None
     columns = rows.args[0].value
-    if not (
-        isinstance(columns, cst.Call)
-        and isinstance(columns.func, cst.Attribute)
-        and columns.func.attr.value == "unbind"
-        and len(columns.args) == 1
-    ):
-        return None
-    cut = int_literal(columns.args[0].value)
+    cut = lowering.method_axis(columns, "unbind")
     dim = kwargs.get("dim", args[1].value if len(args) > 1 else None)
     stacked = int_literal(dim) if dim is not None else 0
     if cut not in (-1, 1) or stacked != cut:
         return None
+    assert isinstance(columns, cst.Call) and isinstance(columns.func, cst.Attribute)
     return columns.func.value
 
 

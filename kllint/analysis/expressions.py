@@ -1869,9 +1869,7 @@ def _boundary_difference(expr: cst.BinaryOperation) -> bool:
             and isinstance(side.slice[0].slice, cst.Index)
         ):
             return False
-        bounds = side.slice[0].slice.value
-        while isinstance(bounds, cst.Call) and isinstance(bounds.func, cst.Attribute):
-            bounds = bounds.func.value  # ``cu_seqlens[1:].long()``
+        bounds = _before_methods(side.slice[0].slice.value)  # ``cu_seqlens[1:].long()``
         sides.append((side.value.value, bounds))
     (values, ends), (values_again, starts) = sides
     if values != values_again:
@@ -1952,8 +1950,7 @@ def _last_column(expr: cst.Subscript) -> bool:
 def _segment_ends(index: cst.BaseExpression) -> bool:
     """``last_idx``, ``seq_ends``, ``cu_seqlens[1:] - 1``: the position of each
     packed sequence's last token."""
-    while isinstance(index, cst.Call) and isinstance(index.func, cst.Attribute):
-        index = index.func.value  # ``(cu_seqlens[1:] - 1).long()``
+    index = _before_methods(index)  # ``(cu_seqlens[1:] - 1).long()``
     if isinstance(index, cst.Name):
         return bool(set(roles.words(index.value)) & (_SEGMENT_ENDS | {"last"}))
     if not (
@@ -1962,10 +1959,15 @@ def _segment_ends(index: cst.BaseExpression) -> bool:
         and int_literal(index.right) == 1
     ):
         return False
-    ends = index.left
-    while isinstance(ends, cst.Call) and isinstance(ends.func, cst.Attribute):
-        ends = ends.func.value  # ``cu_seqlens[1:].long() - 1``
+    ends = _before_methods(index.left)  # ``cu_seqlens[1:].long() - 1``
     return isinstance(ends, cst.Subscript) and full_code(ends).endswith("[1:]")
+
+
+def _before_methods(expr: cst.BaseExpression) -> cst.BaseExpression:
+    """``x`` of ``x.long().cpu()``: what the chain of method calls is made on."""
+    while isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute):
+        expr = expr.func.value
+    return expr
 
 
 _SEGMENT_STARTS = frozenset({"start", "starts", "begin", "begins"})

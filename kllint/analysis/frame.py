@@ -21,12 +21,11 @@ from pathlib import Path
 import libcst as cst
 
 from kllint.analysis import ir, roles
-from kllint.analysis.lowering import TorchCall, still_to_come, vocabulary_sums_combined
+from kllint.analysis.lowering import TorchCall, vocabulary_sums_combined
 from kllint.analysis.module import TRIPLE_QUOTED, ClassInfo, ModuleInfo, outside_tests
 from kllint.analysis.project import Project
 from kllint.analysis.sinks import Sink
 from kllint.analysis.values import (
-    Choice,
     Flipped,
     FuncRef,
     Grouped,
@@ -272,22 +271,11 @@ class Frame:
     # ----------------------------------------------------------------- arithmetic
 
     def binary(self, op: str, left: Value, right: Value, node: cst.CSTNode) -> Value:
-        origin = self.origin(node)
         if op in ("add", "sub"):
-            combined = vocabulary_sums_combined(op, left, right, origin)
+            combined = vocabulary_sums_combined(op, left, right, self.origin(node))
             if combined is not None:
                 return combined
-        if op == "add" and any(
-            still_to_come(a, b, origin) is not None
-            for a in _nodes_of(left)
-            for b in _nodes_of(right)
-        ):
-            return self.lift2(
-                left,
-                right,
-                lambda a, b: still_to_come(a, b, origin) or ir.binary("add", a, b, origin),
-            )
-        return binary(op, left, right, origin, self.as_node)
+        return binary(op, left, right, self.origin(node), self.as_node)
 
     def lift1(self, value: Value, fn: Callable[[ir.Node], ir.Node]) -> Value:
         return lift1(value, fn, self.as_node)
@@ -345,9 +333,3 @@ class Frame:
         read_elsewhere: bool = False,
     ) -> None:
         raise NotImplementedError
-
-
-def _nodes_of(value: Value) -> list[ir.Node]:
-    """A tensor's IR, on each path of a choice."""
-    options = [v for _, v in value.options] if isinstance(value, Choice) else [value]
-    return [v for v in options if isinstance(v, ir.Node)]

@@ -241,6 +241,10 @@ def binary(op: str, left: Node, right: Node, origin: Origin | None = None) -> No
         return left
     if op == "add" and isinstance(left, Const) and left.value == 0:
         return right
+    if op == "add":
+        to_come = _still_to_come(left, right, origin)
+        if to_come is not None:
+            return to_come
     if isinstance(left, Const) and isinstance(right, Const):
         a, b = left.value, right.value
         try:
@@ -259,6 +263,36 @@ def binary(op: str, left: Node, right: Node, origin: Origin | None = None) -> No
             return Binary(op, left, right, origin=origin)
         return Const(float(value), origin=origin)
     return Binary(op, left, right, origin=origin)
+
+
+def _still_to_come(left: Node, right: Node, origin: Origin | None) -> Node | None:
+    """``total - running + x`` with ``running`` the running sum of ``x`` over
+    time and ``total`` its value at each sequence's last token
+    (``csum[ends][seg]`` over packed tokens, ``running[:, -1:]``): the sum of
+    ``x`` from each token to the end of its sequence, a reverse cumulative
+    sum (detached where any part is)."""
+    if not (isinstance(left, Binary) and left.op == "sub"):
+        return None
+
+    def bare(node: Node) -> Node:
+        return node.arg if isinstance(node, Unary) and node.op == "detach" else node
+
+    parts = [left.left, left.right, right]
+    total, running, x = map(bare, parts)
+    if not (
+        isinstance(total, Reduce)
+        and total.kind == "sum"
+        and total.axis is Axis.TIME
+        and total.mask is None
+        and isinstance(running, CumSum)
+        and not running.reverse
+        and running.discount is None
+        and structure(bare(total.arg)) == structure(bare(running.arg)) == structure(bare(x))
+    ):
+        return None
+    to_come = CumSum(bare(x), reverse=True, origin=origin)
+    detached = any(bare(p) is not p for p in (*parts, x))
+    return detach(to_come, origin) if detached else to_come
 
 
 def policy_gradient(weight: Node, logp: Node, origin: Origin | None = None) -> Node:

@@ -1160,7 +1160,7 @@ def _bmm(at: TorchCall, args: Args, kwargs: Kwargs) -> Value | None:
     summed = matmul(at, args[0], args[1])
     if summed is not None:
         return summed
-    axes = [_unsqueezed_axis(a.value) for a in call.args]
+    axes = [method_axis(a.value, "unsqueeze") for a in call.args]
     if axes[0] != 1 or axes[1] not in (2, -1):
         return None
     product = at.binary("mul", args[0], args[1])
@@ -1206,12 +1206,13 @@ def _contracted_axis(dims: cst.BaseExpression | None) -> int | None:
     return -1 if int_literal(dims) == 1 else None
 
 
-def _unsqueezed_axis(expr: cst.BaseExpression) -> int | None:
-    """The axis ``x.unsqueeze(axis)`` adds."""
+def method_axis(expr: cst.BaseExpression, method: str) -> int | None:
+    """The axis of ``x.method(axis)`` written with a number
+    (``x.unsqueeze(1)``, ``x.unbind(-1)``); None for anything else."""
     if not (
         isinstance(expr, cst.Call)
         and isinstance(expr.func, cst.Attribute)
-        and expr.func.attr.value == "unsqueeze"
+        and expr.func.attr.value == method
         and len(expr.args) == 1
     ):
         return None
@@ -1717,39 +1718,6 @@ def vocabulary_expectation(kind: str, node: ir.Node, origin: ir.Origin) -> ir.No
 
 
 _VOCABULARY_SUM = "a sum over the vocabulary"
-
-
-def still_to_come(left: ir.Node, right: ir.Node, origin: ir.Origin | None) -> ir.Node | None:
-    """``total - running + x`` with ``running = x.cumsum(...)`` and ``total``
-    its value at each sequence's last token (``csum[ends][seg]`` over packed
-    tokens, ``running[:, -1:]``): the sum of ``x`` from each token to the
-    end of its sequence, a reverse cumulative sum (detached where any part
-    is)."""
-    if not (isinstance(left, ir.Binary) and left.op == "sub"):
-        return None
-
-    def bare(node: ir.Node) -> ir.Node:
-        return node.arg if isinstance(node, ir.Unary) and node.op == "detach" else node
-
-    parts = [left.left, left.right, right]
-    detached = any(bare(p) is not p for p in parts)
-    total, running, x = map(bare, parts)
-    if not (
-        isinstance(total, ir.Reduce)
-        and total.kind == "sum"
-        and total.axis is ir.Axis.TIME
-        and total.mask is None
-        and isinstance(running, ir.CumSum)
-        and not running.reverse
-        and running.discount is None
-        and ir.structure(bare(total.arg))
-        == ir.structure(bare(running.arg))
-        == ir.structure(bare(x))
-    ):
-        return None
-    detached = detached or bare(x) is not x
-    to_come = ir.CumSum(bare(x), reverse=True, origin=origin)
-    return ir.detach(to_come, origin) if detached else to_come
 
 
 def vocabulary_sums_combined(
